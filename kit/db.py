@@ -1,0 +1,81 @@
+"""Database engine and sessions (SQLAlchemy 2, sync).
+
+- ``make_engine(url)``: PostgreSQL via psycopg 3, or SQLite made to behave (WAL,
+  ``foreign_keys=ON``, busy timeout, ``BEGIN IMMEDIATE`` for every transaction so two writers
+  serialise instead of failing on lock upgrade).
+- ``session_scope(factory)``: the one place that commits or rolls back. Services and
+  repositories only ``flush()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+
+def normalize_url(url: str) -> str:
+    """Use psycopg 3 for plain ``postgresql://`` URLs."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    url = normalize_url(url)
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite":
+        if u.database and u.database != ":memory:":
+            from pathlib import Path
+
+            Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs)
+        _make_sqlite_behave(engine)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("pool_size", 10)
+    kwargs.setdefault("max_overflow", 20)
+    return create_engine(url, **kwargs)
+
+
+def _make_sqlite_behave(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not pysqlite, control transactions, so BEGIN IMMEDIATE below holds.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(bind=engine, expire_on_commit=False, autoflush=False)
+
+
+@contextmanager
+def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """Commit on success, roll back on any exception. The only place that commits."""
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

@@ -1,0 +1,79 @@
+"""Settings base shared by every service.
+
+Every service defines its own typed settings class deriving from :class:`LoraplaneSettings`;
+all read environment variables with the ``LORAPLANE_`` prefix and, optionally, a config file
+named by ``LORAPLANE_CONFIG`` (TOML or JSON; environment variables win over the file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+
+def _config_file_values() -> dict[str, Any]:
+    path = os.environ.get("LORAPLANE_CONFIG")
+    if not path:
+        return {}
+    p = Path(path)
+    raw = p.read_bytes()
+    data = tomllib.loads(raw.decode()) if p.suffix == ".toml" else json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a table/object at the top level")
+    return {str(k).lower(): v for k, v in data.items()}
+
+
+class LoraplaneSettings(BaseSettings):
+    """Base for all service settings: ``LORAPLANE_`` env prefix, optional config file."""
+
+    model_config = SettingsConfigDict(env_prefix="LORAPLANE_", extra="ignore", populate_by_name=True)
+
+    _file_cache: ClassVar[dict[str, Any] | None] = None
+
+    data_dir: Path = Field(
+        default=Path(".loraplane"),
+        description="Directory for the embedded defaults: SQLite file, local artifacts, staging.",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL (postgresql+psycopg://… in production). Default: SQLite in data_dir.",
+    )
+    redis_url: str | None = Field(
+        default=None,
+        description="Redis URL for rate limits, load locks and replica state. Default: in memory.",
+    )
+    redis_prefix: str = Field(default="loraplane:", description="Prefix of every Redis key we write.")
+    admin_token: SecretStr | None = Field(
+        default=None, description="Bearer token of the admin API. `loraplane up` generates one if unset."
+    )
+    log_level: str = Field(default="INFO", description="Log level.")
+    log_json: bool = Field(default=True, description="Structured JSON logs (one object per line).")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        file_source = InitSettingsSource(settings_cls, init_kwargs=_config_file_values())
+        return (init_settings, env_settings, dotenv_settings, file_source, file_secret_settings)
+
+    def resolved_database_url(self) -> str:
+        """The configured database URL, or the embedded SQLite file under ``data_dir``."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'loraplane.db').resolve()}"

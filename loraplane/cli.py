@@ -1,0 +1,78 @@
+"""The one CLI: ``loraplane``. Each package contributes its commands; this module only assembles.
+
+Sub-apps (module attribute → command group):
+  registry.cli:db_app            → loraplane db upgrade|current
+  registry.cli:adapters_app      → loraplane adapters push|list|show|promote|rollback|disable|enable
+  registry.cli:tenants_app       → loraplane tenants create|key|revoke|grant|limits|list
+  registry.cli:base_models_app   → loraplane base-models add|list
+Single commands (module attribute → command):
+  simulator.cli:simulate         → loraplane simulate --port P --model NAME …
+  loraplane.up:up                → loraplane up
+  loraplane.serve:serve          → loraplane serve --role registry|gateway|all
+  router.agent:agent             → loraplane agent
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import typer
+
+app = typer.Typer(
+    name="loraplane",
+    help="Serve many LoRA adapters for many tenants from one pool of vLLM replicas.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+_GROUPS = [
+    ("registry.cli", "db_app", "db"),
+    ("registry.cli", "adapters_app", "adapters"),
+    ("registry.cli", "tenants_app", "tenants"),
+    ("registry.cli", "base_models_app", "base-models"),
+]
+_COMMANDS = [
+    ("simulator.cli", "simulate", "simulate"),
+    ("loraplane.up", "up", "up"),
+    ("loraplane.serve", "serve", "serve"),
+    ("router.agent", "agent", "agent"),
+]
+
+
+@app.callback()
+def _root() -> None:
+    """loraplane — LoRA adapters as a service on a shared pool of vLLM replicas."""
+
+
+def _load(module: str, attr: str) -> object | None:
+    if importlib.util.find_spec(module) is None:
+        return None
+    return getattr(importlib.import_module(module), attr, None)
+
+
+for _mod, _attr, _name in _GROUPS:
+    _sub = _load(_mod, _attr)
+    if isinstance(_sub, typer.Typer):
+        app.add_typer(_sub, name=_name)
+for _mod, _attr, _name in _COMMANDS:
+    _fn = _load(_mod, _attr)
+    if callable(_fn):
+        app.command(name=_name)(_fn)
+
+
+@app.command()
+def version() -> None:
+    """Print the loraplane version."""
+    from loraplane import __version__
+
+    typer.echo(__version__)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

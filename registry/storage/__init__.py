@@ -1,0 +1,22 @@
+"""Artifact stores. CONTRACT (implemented in ``registry.storage.local`` and ``registry.storage.s3``)::
+
+    class ArtifactStore(Protocol):
+        scheme: str                      # "file" or "s3"
+        def begin(self, adapter_id: str) -> PendingUpload
+            # a new, invisible-until-commit location for one version's files
+        def open_read(self, storage_uri: str, name: str) -> BinaryIO
+            # stream a stored file (the router's stager reads through this)
+        def delete_prefix(self, storage_uri: str) -> None
+
+    class PendingUpload(Protocol):
+        storage_uri: str
+        def writer(self, name: str) -> FileWriter
+        def abort(self) -> None          # removes everything written so far (no object, no temp file)
+        def commit(self) -> None         # makes files final (no-op for S3 multipart, rename for local)
+
+    class FileWriter(Protocol):          # hashes (sha256) and counts while streaming
+        def write(self, chunk: bytes) -> None
+        def close(self) -> FileInfo      # completes the object; returns name, size, sha256
+
+See ``registry.storage.base`` for the Protocol definitions and ``make_store(settings)``.
+"""

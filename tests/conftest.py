@@ -1,0 +1,51 @@
+"""Shared fixtures: real PostgreSQL, Redis and S3 (SeaweedFS) for the whole suite.
+
+- ``pg_url``: a fresh PostgreSQL database per session (per xdist worker), dropped at the end.
+- ``redis_url`` / ``redis_prefix``: the running Redis and a unique key prefix per test.
+- ``s3_server``: a SeaweedFS S3 server per session (per xdist worker); ``s3_bucket`` per test.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from kit import localservices as ls
+
+
+def _worker() -> str:
+    return os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    with ls.temp_pg_database(_worker()) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return ls.redis_server_url()
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    prefix = ls.unique_redis_prefix(_worker())
+    yield prefix
+    ls.flush_redis_prefix(redis_url, prefix)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[ls.S3Server]:
+    server = ls.start_s3_server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: ls.S3Server) -> str:
+    return s3_server.create_bucket()
