@@ -1,0 +1,78 @@
+"""CONTRACT of the placement layer: a pure function of a snapshot (DESIGN.md example 8).
+
+The router runtime builds ``ReplicaView``s from its replica store (health, scraped metrics,
+its own residency records and in-flight counts) and calls a ``Profile``::
+
+    decision = profile.pick(PlacementRequest(...), replicas, now)
+
+Nothing here does I/O; benchmarks replay traces through the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+ResidencyState = Literal["staging", "loading", "resident", "unloading", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    """One adapter version the router knows to be on a replica."""
+
+    lora_name: str
+    adapter_id: str
+    state: ResidencyState
+    last_used: float  # clock seconds of the last request routed to it there
+    inflight: int = 0  # requests the router has in flight for it on this replica
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    url: str
+    pool: str
+    healthy: bool
+    max_loras: int  # GPU slots: distinct adapters that can run in one batch
+    max_adapters: int  # adapters kept registered (loaded) on the replica
+    residents: dict[str, Resident] = field(default_factory=dict)  # lora_name → Resident
+    inflight: int = 0  # router's own count of requests in flight on this replica
+    running: int = 0  # vllm:num_requests_running (scraped)
+    waiting: int = 0  # vllm:num_requests_waiting (scraped)
+    kv_cache_usage: float = 0.0  # vllm:kv_cache_usage_perc (0..1)
+    # From vllm:lora_requests_info (latest sample); only the GIE-style baseline reads these.
+    lora_running: tuple[str, ...] = ()
+    lora_waiting: tuple[str, ...] = ()
+    max_num_seqs: int = 256
+
+    def running_adapters(self) -> int:
+        """Distinct adapters with requests in flight on this replica (router's own count)."""
+        return sum(1 for r in self.residents.values() if r.inflight > 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRequest:
+    lora_name: str | None  # None → base model request (no adapter)
+    adapter_id: str | None
+    size_bytes: int = 0  # adapter weights size (load cost)
+    prompt_tokens: int = 0
+    max_tokens: int = 0
+    exclude: frozenset[str] = frozenset()  # replica urls to avoid (failover retry)
+
+
+Action = Literal["hit", "load", "replicate", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    replica: str | None  # chosen replica url; None → no capacity
+    action: Action  # hit: already resident; load: first copy; replicate: another copy of a resident one
+    evict: tuple[str, ...] = ()  # lora_names to unload from ``replica`` first (it is at max_adapters)
+    scores: dict[str, float] = field(default_factory=dict)  # url → final score (for debugging/metrics)
+    reason: str = ""
+
+
+class Profile(Protocol):
+    name: str
+
+    def pick(self, request: PlacementRequest, replicas: list[ReplicaView], now: float) -> Decision: ...
