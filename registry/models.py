@@ -1,0 +1,178 @@
+"""ORM models of the registry (SQLAlchemy 2, sync). Rows never leave the ``registry`` package.
+
+Tables: ``base_models``, ``adapters``, ``versions``, ``tenants``, ``api_keys``, ``grants``,
+``audit_events`` and the single-row ``registry_state`` (``revision``, bumped by every change).
+
+Version numbers and pointers (``active_version``, ``canary_version``, ``rollback_to``) are stored
+as integers (``3``) and shown as ``"v3"``. The database itself guarantees that an adapter never
+has two active (or two canary) versions: partial unique indexes on ``versions(adapter_id)``
+``WHERE status = 'active'`` / ``'canary'`` (PostgreSQL and SQLite both support them).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from kit.orm import Base
+
+
+class UTCDateTime(sa.types.TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on both dialects (SQLite stores them naive)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class BaseModelRow(Base):
+    __tablename__ = "base_models"
+
+    name: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    hf_id: Mapped[str] = mapped_column(sa.String(255))
+    max_lora_rank: Mapped[int] = mapped_column(sa.Integer)
+    target_modules: Mapped[list[str]] = mapped_column(sa.JSON)
+    module_shapes: Mapped[dict[str, list[int]] | None] = mapped_column(sa.JSON, nullable=True)
+    revision: Mapped[str | None] = mapped_column(sa.String(255), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class AdapterRow(Base):
+    __tablename__ = "adapters"
+
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    base_model: Mapped[str] = mapped_column(sa.ForeignKey("base_models.name"), index=True)
+    owner: Mapped[str | None] = mapped_column(sa.String(255), nullable=True, index=True)
+    description: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    status: Mapped[str] = mapped_column(sa.String(16), default="active")
+    active_version: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    canary_version: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    canary_weight: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    versions: Mapped[list[VersionRow]] = relationship(
+        back_populates="adapter", lazy="raise", order_by="VersionRow.number"
+    )
+
+    __table_args__ = (
+        sa.CheckConstraint("status IN ('active', 'disabled')", name="status"),
+        sa.CheckConstraint(
+            "canary_weight IS NULL OR (canary_weight >= 1 AND canary_weight <= 99)", name="canary_weight"
+        ),
+    )
+
+
+class VersionRow(Base):
+    __tablename__ = "versions"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    adapter_id: Mapped[str] = mapped_column(sa.ForeignKey("adapters.id"))
+    number: Mapped[int] = mapped_column(sa.Integer)
+    status: Mapped[str] = mapped_column(sa.String(16), default="ready")
+    rank: Mapped[int] = mapped_column(sa.Integer)
+    lora_alpha: Mapped[float] = mapped_column(sa.Float)
+    target_modules: Mapped[list[str]] = mapped_column(sa.JSON)
+    files: Mapped[list[dict[str, Any]]] = mapped_column(sa.JSON)
+    storage_uri: Mapped[str] = mapped_column(sa.String(1024))
+    rollback_to: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    quality_gate: Mapped[str] = mapped_column(sa.String(16), default="skipped")
+    created_by: Mapped[str] = mapped_column(sa.String(255))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    adapter: Mapped[AdapterRow] = relationship(back_populates="versions", lazy="raise")
+
+    __table_args__ = (
+        sa.UniqueConstraint("adapter_id", "number"),
+        sa.CheckConstraint("status IN ('ready', 'active', 'canary', 'retired', 'disabled')", name="status"),
+        sa.CheckConstraint("quality_gate IN ('pending', 'passed', 'failed', 'skipped')", name="quality_gate"),
+        sa.Index(
+            "uq_versions_one_active",
+            "adapter_id",
+            unique=True,
+            postgresql_where=sa.text("status = 'active'"),
+            sqlite_where=sa.text("status = 'active'"),
+        ),
+        sa.Index(
+            "uq_versions_one_canary",
+            "adapter_id",
+            unique=True,
+            postgresql_where=sa.text("status = 'canary'"),
+            sqlite_where=sa.text("status = 'canary'"),
+        ),
+    )
+
+
+class TenantRow(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(255))
+    rpm: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    max_concurrency: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    base_model_access: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ApiKeyRow(Base):
+    __tablename__ = "api_keys"
+
+    key_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(sa.ForeignKey("tenants.id"), index=True)
+    prefix: Mapped[str] = mapped_column(sa.String(32), index=True)
+    key_hash: Mapped[str] = mapped_column(sa.String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class GrantRow(Base):
+    __tablename__ = "grants"
+
+    tenant_id: Mapped[str] = mapped_column(sa.ForeignKey("tenants.id"), primary_key=True)
+    adapter_id: Mapped[str] = mapped_column(sa.ForeignKey("adapters.id"), primary_key=True)
+    rpm: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+
+
+class AuditEventRow(Base):
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    ts: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(sa.String(255))
+    action: Mapped[str] = mapped_column(sa.String(64), index=True)
+    subject_type: Mapped[str] = mapped_column(sa.String(32))
+    subject_id: Mapped[str] = mapped_column(sa.String(255))
+    details: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+
+    __table_args__ = (sa.Index("ix_audit_events_subject", "subject_type", "subject_id"),)
+
+
+class RegistryStateRow(Base):
+    """One row (``id = 1``): the registry revision, bumped in the same transaction as every change."""
+
+    __tablename__ = "registry_state"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
+    revision: Mapped[int] = mapped_column(sa.Integer, default=0)
