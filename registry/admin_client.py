@@ -1,0 +1,431 @@
+"""A small typed HTTP client of the admin API (SPEC §5, §13), used by the CLI, `up --demo` and tests.
+
+It speaks only HTTP: it never imports registry services. Every error answer of the API
+(``{"error": {"code", "message", "details"}}``) is raised as :class:`AdminAPIError`; a server
+that cannot be reached at all raises :class:`AdminUnreachable`. httpx exceptions never leak.
+
+Uploads stream every file of an adapter directory from disk in chunks, as one
+``multipart/form-data`` body with one part per file, every part named ``files``; the total
+``Content-Length`` is computed up front, and an optional ``progress(n_bytes)`` callback is
+called as bytes go out.
+
+Example::
+
+    with AdminClient("http://127.0.0.1:8081", token="…") as admin:
+        admin.create_base_model(**demo_base_model())
+        admin.create_adapter("support-bot", base_model="demo-base")
+        version = admin.upload_version("support-bot", "./my-adapter")
+        admin.promote("support-bot", version["version"])
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+API_PREFIX = "/admin/v1"
+DEFAULT_ADMIN_URL = "http://127.0.0.1:8081"
+UPLOAD_CHUNK_BYTES = 1024 * 1024
+
+JSON = dict[str, Any]
+ProgressCallback = Callable[[int], None]
+
+
+class AdminAPIError(Exception):
+    """An error answer of the admin API: HTTP ``status``, ``code``, ``message``, ``details``."""
+
+    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+
+    @property
+    def problems(self) -> list[str]:
+        """``details.problems`` of an ``invalid_adapter`` answer (else empty)."""
+        if isinstance(self.details, dict):
+            probs = self.details.get("problems")
+            if isinstance(probs, list):
+                return [str(p) for p in probs]
+        return []
+
+
+class AdminUnreachable(Exception):
+    """The admin API could not be reached (connection refused, DNS, timeout)."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"cannot reach the admin API at {url} ({reason})")
+        self.url = url
+        self.reason = reason
+
+
+def adapter_files(directory: str | Path) -> list[Path]:
+    """The regular, non-hidden files directly inside ``directory``, sorted by name."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise FileNotFoundError(f"{d} is not a directory")
+    return sorted(
+        (p for p in d.iterdir() if not p.name.startswith(".") and p.is_file() and not p.is_symlink()),
+        key=lambda p: p.name,
+    )
+
+
+class MultipartUpload:
+    """A streaming ``multipart/form-data`` body of files, all parts named ``files``.
+
+    ``len(upload)`` is the exact body size (for ``Content-Length``); iterating reads each file
+    from disk in ``chunk_bytes`` chunks and calls ``progress`` with the file bytes sent.
+    """
+
+    def __init__(
+        self,
+        files: list[Path],
+        *,
+        progress: ProgressCallback | None = None,
+        chunk_bytes: int = UPLOAD_CHUNK_BYTES,
+        boundary: str | None = None,
+    ) -> None:
+        self.files = files
+        self.progress = progress
+        self.chunk_bytes = chunk_bytes
+        self.boundary = boundary or f"loraplane-{secrets.token_hex(16)}"
+        self._heads = [self._part_head(p) for p in files]
+        self._sizes = [p.stat().st_size for p in files]
+        self._tail = f"--{self.boundary}--\r\n".encode()
+
+    @property
+    def content_type(self) -> str:
+        return f"multipart/form-data; boundary={self.boundary}"
+
+    @property
+    def file_bytes(self) -> int:
+        """Total size of the files (what a progress bar counts)."""
+        return sum(self._sizes)
+
+    def __len__(self) -> int:
+        return sum(len(h) + s + 2 for h, s in zip(self._heads, self._sizes, strict=True)) + len(self._tail)
+
+    def _part_head(self, path: Path) -> bytes:
+        name = path.name.replace('"', "%22").replace("\r", "").replace("\n", "")
+        ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        return (
+            f"--{self.boundary}\r\n"
+            f'Content-Disposition: form-data; name="files"; filename="{name}"\r\n'
+            f"Content-Type: {ctype}\r\n\r\n"
+        ).encode()
+
+    def __iter__(self) -> Iterator[bytes]:
+        for path, head, size in zip(self.files, self._heads, self._sizes, strict=True):
+            yield head
+            sent = 0
+            with open(path, "rb") as f:
+                while sent < size:
+                    chunk = f.read(min(self.chunk_bytes, size - sent))
+                    if not chunk:
+                        raise OSError(f"{path} shrank while it was being uploaded")
+                    sent += len(chunk)
+                    if self.progress is not None:
+                        self.progress(len(chunk))
+                    yield chunk
+            yield b"\r\n"
+        yield self._tail
+
+
+def _error_from(resp: httpx.Response) -> AdminAPIError:
+    code, message, details = f"http_{resp.status_code}", resp.reason_phrase or "error", None
+    try:
+        body = resp.json()
+    except (ValueError, UnicodeDecodeError):
+        text = resp.text.strip()
+        if text:
+            message = text[:300]
+        return AdminAPIError(resp.status_code, code, message, details)
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict):
+        code = str(err.get("code") or code)
+        message = str(err.get("message") or message)
+        details = err.get("details")
+    elif isinstance(body, dict) and "detail" in body:  # a framework answer (e.g. 404 of an unknown route)
+        message = body["detail"] if isinstance(body["detail"], str) else json.dumps(body["detail"])
+    return AdminAPIError(resp.status_code, code, message, details)
+
+
+def _q(segment: str) -> str:
+    """Quote one path segment (ids are slugs, but never let input change the path)."""
+    return quote(segment, safe="")
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+class AdminClient:
+    """Synchronous client of ``/admin/v1``. Use as a context manager, or call :meth:`close`."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_ADMIN_URL,
+        token: str | None = None,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"accept": "application/json", "user-agent": "loraplane-cli"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(
+            base_url=self.base_url + API_PREFIX,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            transport=transport,
+        )
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: dict[str, Any] | None = None,
+        content: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        """Send one request; return the decoded JSON answer (None for an empty body)."""
+        kwargs: dict[str, Any] = {}
+        if json_body is not None:
+            kwargs["json"] = json_body
+        if content is not None:
+            kwargs["content"] = content
+        try:
+            resp = self._http.request(
+                method, path, params=_drop_none(params or {}) or None, headers=headers, **kwargs
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise AdminUnreachable(self.base_url, str(exc) or type(exc).__name__) from exc
+        except httpx.TimeoutException as exc:
+            raise AdminUnreachable(self.base_url, f"timed out: {exc}") from exc
+        except httpx.HTTPError as exc:
+            raise AdminUnreachable(self.base_url, f"{type(exc).__name__}: {exc}") from exc
+        if resp.status_code >= 400:
+            raise _error_from(resp)
+        if not resp.content:
+            return None
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise AdminAPIError(resp.status_code, "bad_response", "the admin API answered non-JSON") from exc
+
+    def _list_all(self, path: str, params: dict[str, Any], limit: int | None = None) -> list[JSON]:
+        """Follow ``next_cursor`` until the end (or until ``limit`` items)."""
+        out: list[JSON] = []
+        cursor: str | None = None
+        page_size = min(limit, 500) if limit else 500
+        for _ in range(100_000):
+            page = self.request("GET", path, params={**params, "limit": page_size, "cursor": cursor})
+            data = page.get("data", []) if isinstance(page, dict) else page
+            out.extend(data)
+            cursor = page.get("next_cursor") if isinstance(page, dict) else None
+            if not cursor or (limit is not None and len(out) >= limit):
+                break
+        return out[:limit] if limit is not None else out
+
+    # -- base models --------------------------------------------------------------------------
+
+    def create_base_model(
+        self,
+        name: str,
+        hf_id: str,
+        max_lora_rank: int,
+        target_modules: list[str],
+        module_shapes: dict[str, list[int]] | None = None,
+        revision: str | None = None,
+    ) -> JSON:
+        body = _drop_none(
+            {
+                "name": name,
+                "hf_id": hf_id,
+                "max_lora_rank": max_lora_rank,
+                "target_modules": list(target_modules),
+                "module_shapes": module_shapes,
+                "revision": revision,
+            }
+        )
+        return self.request("POST", "/base-models", json_body=body)
+
+    def list_base_models(self) -> list[JSON]:
+        return self._list_all("/base-models", {})
+
+    def get_base_model(self, name: str) -> JSON:
+        return self.request("GET", f"/base-models/{_q(name)}")
+
+    # -- adapters -----------------------------------------------------------------------------
+
+    def create_adapter(
+        self, adapter_id: str, base_model: str, owner: str | None = None, description: str | None = None
+    ) -> JSON:
+        body = _drop_none(
+            {"id": adapter_id, "base_model": base_model, "owner": owner, "description": description}
+        )
+        return self.request("POST", "/adapters", json_body=body)
+
+    def list_adapters(
+        self,
+        base_model: str | None = None,
+        owner: str | None = None,
+        status: str | None = None,
+        limit: int | None = None,
+    ) -> list[JSON]:
+        params = {"base_model": base_model, "owner": owner, "status": status}
+        return self._list_all("/adapters", params, limit)
+
+    def get_adapter(self, adapter_id: str) -> JSON:
+        return self.request("GET", f"/adapters/{_q(adapter_id)}")
+
+    def upload_version(
+        self, adapter_id: str, directory: str | Path, *, progress: ProgressCallback | None = None
+    ) -> JSON:
+        """Upload every regular non-hidden file of ``directory`` as a new version (streamed)."""
+        return self.upload_files(adapter_id, adapter_files(directory), progress=progress)
+
+    def upload_files(
+        self, adapter_id: str, files: list[Path], *, progress: ProgressCallback | None = None
+    ) -> JSON:
+        body = MultipartUpload(files, progress=progress)
+        headers = {"content-type": body.content_type, "content-length": str(len(body))}
+        return self.request(
+            "POST", f"/adapters/{_q(adapter_id)}/versions", content=iter(body), headers=headers
+        )
+
+    def register_version(self, adapter_id: str, source_uri: str) -> JSON:
+        """Register a version by reference to an allowed ``s3://bucket/prefix/``."""
+        return self.request(
+            "POST", f"/adapters/{_q(adapter_id)}/versions", json_body={"source_uri": source_uri}
+        )
+
+    def list_versions(self, adapter_id: str) -> list[JSON]:
+        return self._list_all(f"/adapters/{_q(adapter_id)}/versions", {})
+
+    def get_version(self, adapter_id: str, version: str) -> JSON:
+        return self.request("GET", f"/adapters/{_q(adapter_id)}/versions/{_q(version)}")
+
+    def promote(self, adapter_id: str, version: str, canary_weight: int | None = None) -> JSON:
+        body = {"canary_weight": canary_weight} if canary_weight is not None else None
+        return self.request(
+            "POST", f"/adapters/{_q(adapter_id)}/versions/{_q(version)}/promote", json_body=body
+        )
+
+    def rollback(self, adapter_id: str) -> JSON:
+        return self.request("POST", f"/adapters/{_q(adapter_id)}/rollback")
+
+    def disable_adapter(self, adapter_id: str) -> JSON:
+        return self.request("POST", f"/adapters/{_q(adapter_id)}/disable")
+
+    def enable_adapter(self, adapter_id: str) -> JSON:
+        return self.request("POST", f"/adapters/{_q(adapter_id)}/enable")
+
+    def disable_version(self, adapter_id: str, version: str) -> JSON:
+        return self.request("POST", f"/adapters/{_q(adapter_id)}/versions/{_q(version)}/disable")
+
+    def prewarm(self, adapter_id: str, replicas: int | None = None) -> JSON:
+        body = {"replicas": replicas} if replicas is not None else None
+        return self.request("POST", f"/adapters/{_q(adapter_id)}/prewarm", json_body=body)
+
+    def list_replicas(self) -> list[JSON]:
+        page = self.request("GET", "/replicas")
+        return page.get("data", []) if isinstance(page, dict) else list(page or [])
+
+    # -- tenants, keys, grants ----------------------------------------------------------------
+
+    def create_tenant(
+        self,
+        tenant_id: str,
+        name: str | None = None,
+        limits: dict[str, int | None] | None = None,
+        base_model_access: bool = False,
+    ) -> JSON:
+        body: dict[str, Any] = {"id": tenant_id, "base_model_access": base_model_access}
+        if name is not None:
+            body["name"] = name
+        if limits is not None:
+            body["limits"] = limits
+        return self.request("POST", "/tenants", json_body=body)
+
+    def list_tenants(self) -> list[JSON]:
+        return self._list_all("/tenants", {})
+
+    def get_tenant(self, tenant_id: str) -> JSON:
+        return self.request("GET", f"/tenants/{_q(tenant_id)}")
+
+    def update_tenant(
+        self,
+        tenant_id: str,
+        *,
+        name: str | None = None,
+        limits: dict[str, int | None] | None = None,
+        base_model_access: bool | None = None,
+    ) -> JSON:
+        """PATCH: only the given fields change; ``limits`` is merged key by key (None = unlimited)."""
+        body: dict[str, Any] = {}
+        if name is not None:
+            body["name"] = name
+        if limits:
+            body["limits"] = limits
+        if base_model_access is not None:
+            body["base_model_access"] = base_model_access
+        return self.request("PATCH", f"/tenants/{_q(tenant_id)}", json_body=body)
+
+    def issue_key(self, tenant_id: str) -> JSON:
+        """Issue an API key; the answer's ``key`` is shown this once only."""
+        return self.request("POST", f"/tenants/{_q(tenant_id)}/keys")
+
+    def revoke_key(self, tenant_id: str, key_id: str) -> JSON | None:
+        return self.request("DELETE", f"/tenants/{_q(tenant_id)}/keys/{_q(key_id)}")
+
+    def put_grant(
+        self, tenant_id: str, adapter_id: str, rpm: int | None = None, tpm: int | None = None
+    ) -> JSON:
+        return self.request(
+            "PUT", f"/tenants/{_q(tenant_id)}/grants/{_q(adapter_id)}", json_body={"rpm": rpm, "tpm": tpm}
+        )
+
+    def delete_grant(self, tenant_id: str, adapter_id: str) -> JSON | None:
+        return self.request("DELETE", f"/tenants/{_q(tenant_id)}/grants/{_q(adapter_id)}")
+
+    # -- audit --------------------------------------------------------------------------------
+
+    def list_audit(
+        self,
+        action: str | None = None,
+        subject_type: str | None = None,
+        subject_id: str | None = None,
+        since: str | None = None,
+        limit: int | None = None,
+    ) -> list[JSON]:
+        params = {"action": action, "subject_type": subject_type, "subject_id": subject_id, "since": since}
+        return self._list_all("/audit", params, limit)
+
+
+def admin_url_from_env() -> str:
+    """``LORAPLANE_ADMIN_URL`` or the default ``http://127.0.0.1:8081``."""
+    return os.environ.get("LORAPLANE_ADMIN_URL") or DEFAULT_ADMIN_URL

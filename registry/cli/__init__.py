@@ -1,0 +1,17 @@
+"""The registry's CLI command groups, assembled into ``loraplane`` by :mod:`loraplane.cli`.
+
+- ``db_app``          → ``loraplane db upgrade|current``
+- ``adapters_app``    → ``loraplane adapters push|list|show|versions|promote|rollback|disable|enable|
+  disable-version|prewarm|replicas|audit``
+- ``tenants_app``     → ``loraplane tenants create|list|show|key|revoke|grant|ungrant|limits``
+- ``base_models_app`` → ``loraplane base-models add|list|show``
+
+Everything except ``db`` is a pure HTTP client of the admin API (:mod:`registry.admin_client`).
+"""
+
+from registry.cli.adapters import adapters_app
+from registry.cli.base_models import base_models_app
+from registry.cli.db import db_app
+from registry.cli.tenants import tenants_app
+
+__all__ = ["adapters_app", "base_models_app", "db_app", "tenants_app"]

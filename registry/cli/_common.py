@@ -1,0 +1,200 @@
+"""Shared plumbing of the registry CLI: global options, the admin client, error lines, output.
+
+Every command group takes ``--url`` (env ``LORAPLANE_ADMIN_URL``, default
+``http://127.0.0.1:8081``), ``--token`` (env ``LORAPLANE_ADMIN_TOKEN``) and ``--json``, both
+on the group (``loraplane adapters --json list``) and on each command
+(``loraplane adapters list --json``); the command's value wins.
+
+Errors never show a traceback: an API error prints ``error: STATUS CODE: MESSAGE`` (plus one
+line per problem of an ``invalid_adapter`` answer) on stderr and exits 1; an unreachable
+admin API prints ``error: cannot reach the admin API at URL (is it running?)`` and exits 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from registry.admin_client import DEFAULT_ADMIN_URL, AdminAPIError, AdminClient, AdminUnreachable
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+EXIT_API_ERROR = 1
+EXIT_UNREACHABLE = 2
+
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url", help="Admin API base URL [env LORAPLANE_ADMIN_URL, default http://127.0.0.1:8081]."
+    ),
+]
+TokenOpt = Annotated[
+    str | None, typer.Option("--token", help="Admin bearer token [env LORAPLANE_ADMIN_TOKEN].")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer instead of tables.")]
+
+
+@dataclass
+class CliOptions:
+    url: str = DEFAULT_ADMIN_URL
+    token: str | None = None
+    as_json: bool = False
+
+
+def group_callback(
+    ctx: typer.Context,
+    url: Annotated[
+        str, typer.Option("--url", envvar="LORAPLANE_ADMIN_URL", help="Admin API base URL.")
+    ] = DEFAULT_ADMIN_URL,
+    token: Annotated[
+        str | None, typer.Option("--token", envvar="LORAPLANE_ADMIN_TOKEN", help="Admin bearer token.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Options shared by every command of the group."""
+    ctx.obj = CliOptions(url=url, token=token or None, as_json=as_json)
+
+
+def new_group(help_text: str) -> typer.Typer:
+    app = typer.Typer(
+        help=help_text, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False
+    )
+    app.callback()(group_callback)
+    return app
+
+
+def options(ctx: typer.Context, url: str | None, token: str | None, as_json: bool) -> CliOptions:
+    """Merge a command's own options over the group's (which already include the env vars)."""
+    base = ctx.obj if isinstance(ctx.obj, CliOptions) else CliOptions()
+    return CliOptions(url=url or base.url, token=token or base.token, as_json=as_json or base.as_json)
+
+
+def client(opts: CliOptions) -> AdminClient:
+    return AdminClient(opts.url, opts.token)
+
+
+def err_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def out_console() -> Console:
+    return Console(highlight=False)
+
+
+def fail(message: str, code: int = EXIT_API_ERROR) -> typer.Exit:
+    """Print ``error: MESSAGE`` on stderr and return the Exit to raise."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn admin-client errors into one clear line on stderr and an exit code, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except AdminAPIError as exc:
+            lines = [f"error: {exc.status} {exc.code}: {exc.message}"]
+            lines += [f"  - {p}" for p in exc.problems]
+            typer.echo("\n".join(lines), err=True)
+            raise typer.Exit(EXIT_API_ERROR) from None
+        except AdminUnreachable as exc:
+            typer.echo(f"error: cannot reach the admin API at {exc.url} (is it running?)", err=True)
+            raise typer.Exit(EXIT_UNREACHABLE) from None
+
+    return wrapper
+
+
+def print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def fmt(value: Any) -> str:
+    """One table cell: None → "-", lists joined, dicts as compact JSON."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        if all(not isinstance(v, dict | list) for v in value):
+            return ", ".join(str(v) for v in value) or "-"
+        return json.dumps(value, separators=(",", ":"), default=str)
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"), default=str) if value else "-"
+    return str(value)
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def print_record(record: dict[str, Any], *, title: str | None = None, skip: Iterable[str] = ()) -> None:
+    """A key/value table of one record."""
+    skipped = set(skip)
+    table = Table(title=title, show_header=False, box=None, pad_edge=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    for key, value in record.items():
+        if key not in skipped:
+            table.add_row(key, fmt(value))
+    out_console().print(table)
+
+
+Column = tuple[str, Callable[[dict[str, Any]], Any]]
+
+
+def print_rows(
+    rows: Sequence[dict[str, Any]], columns: Sequence[Column], *, title: str | None = None
+) -> None:
+    """A table with one row per record; ``columns`` are (header, getter) pairs."""
+    table = Table(title=title)
+    for header, _ in columns:
+        table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*(fmt(get(row)) for _, get in columns))
+    console = out_console()
+    if rows:
+        console.print(table)
+    else:
+        console.print(f"(no {title.lower() if title else 'rows'})")
+
+
+def field(name: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda row: row.get(name)
+
+
+def normalise_version(version: str) -> str:
+    """Accept ``3`` as well as ``v3``."""
+    v = version.strip()
+    return f"v{v}" if v.isdigit() else v
+
+
+def parse_limit(value: str | None, name: str) -> tuple[bool, int | None]:
+    """``--rpm 100`` → (True, 100); ``--rpm none`` → (True, None = unlimited); absent → (False, None)."""
+    if value is None:
+        return False, None
+    if value.strip().lower() in {"none", "null", "unlimited"}:
+        return True, None
+    try:
+        n = int(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not an integer or 'none'", param_hint=f"--{name}") from None
+    if n < 0:
+        raise typer.BadParameter("must be ≥ 0 (or 'none' for unlimited)", param_hint=f"--{name}")
+    return True, n

@@ -1,0 +1,422 @@
+"""``loraplane adapters …``: push versions, list/show, promote/canary/rollback, kill switches,
+prewarm, replicas and the audit log — all through the admin API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from registry.admin_client import AdminAPIError, AdminClient, adapter_files
+from registry.cli._common import (
+    CliOptions,
+    JsonOpt,
+    TokenOpt,
+    UrlOpt,
+    client,
+    err_console,
+    fail,
+    field,
+    fmt,
+    handle_errors,
+    human_bytes,
+    new_group,
+    normalise_version,
+    options,
+    out_console,
+    print_json,
+    print_record,
+    print_rows,
+)
+
+adapters_app = new_group("Adapters and their versions: push, list, show, promote, rollback, disable, enable.")
+
+AdapterArg = Annotated[str, typer.Argument(help="Adapter id.")]
+VersionArg = Annotated[str, typer.Argument(help="Version, e.g. v3 (or 3).")]
+
+_ADAPTER_COLUMNS = [
+    ("id", field("id")),
+    ("base model", field("base_model")),
+    ("status", field("status")),
+    ("active", field("active_version")),
+    (
+        "canary",
+        lambda a: f"{a['canary_version']} ({a.get('canary_weight')}%)" if a.get("canary_version") else None,
+    ),
+    ("owner", field("owner")),
+    ("created", field("created_at")),
+]
+_VERSION_COLUMNS = [
+    ("version", field("version")),
+    ("status", field("status")),
+    ("rank", field("rank")),
+    ("alpha", field("lora_alpha")),
+    ("modules", field("target_modules")),
+    ("size", lambda v: human_bytes(sum(int(f.get("size", 0)) for f in v.get("files") or []))),
+    ("rollback to", field("rollback_to")),
+    ("quality gate", field("quality_gate")),
+    ("created by", field("created_by")),
+    ("created", field("created_at")),
+]
+
+
+def _print_version(version: dict[str, Any], opts: CliOptions) -> None:
+    if opts.as_json:
+        print_json(version)
+        return
+    print_record(version, title=f"{version.get('adapter_id')} {version.get('version')}", skip=("files",))
+    files = version.get("files") or []
+    print_rows(
+        files,
+        [
+            ("file", field("name")),
+            ("size", lambda f: human_bytes(f.get("size"))),
+            ("sha256", field("sha256")),
+        ],
+        title="Files",
+    )
+
+
+def _print_adapter(adapter: dict[str, Any], opts: CliOptions, versions: list[dict[str, Any]] | None) -> None:
+    if opts.as_json:
+        print_json(adapter)
+        return
+    print_record(adapter, title=f"adapter {adapter.get('id')}", skip=("versions",))
+    if versions is not None:
+        print_rows(versions, _VERSION_COLUMNS, title="Versions")
+
+
+def _print_change(result: Any, opts: CliOptions, summary: str) -> None:
+    """Output of a state change: the API's answer (adapter or version record)."""
+    if opts.as_json:
+        print_json(result)
+        return
+    out_console().print(summary)
+    if isinstance(result, dict):
+        print_record(result, skip=("versions", "files"))
+
+
+def _ensure_adapter(
+    admin: AdminClient, adapter_id: str, base: str | None, create: bool, owner: str | None, desc: str | None
+) -> None:
+    if create and not base:
+        raise fail("--create needs --base BASE (the base model of the new adapter)")
+    try:
+        existing = admin.get_adapter(adapter_id)
+    except AdminAPIError as exc:
+        if exc.status != 404:
+            raise
+        if not base:
+            raise fail(
+                f"adapter '{adapter_id}' does not exist; pass --base BASE --create to create it"
+            ) from None
+        admin.create_adapter(adapter_id, base_model=base, owner=owner, description=desc)
+        err_console().print(f"created adapter {adapter_id} on base model {base}")
+        return
+    if base and existing.get("base_model") not in (None, base):
+        raise fail(
+            f"adapter '{adapter_id}' belongs to base model '{existing.get('base_model')}', not '{base}'"
+        )
+
+
+@adapters_app.command("push")
+@handle_errors
+def push(
+    ctx: typer.Context,
+    directory: Annotated[
+        Path, typer.Argument(exists=True, file_okay=False, dir_okay=True, help="PEFT LoRA adapter directory.")
+    ],
+    adapter: Annotated[str, typer.Option("--adapter", "-a", help="Adapter id.")],
+    base: Annotated[
+        str | None, typer.Option("--base", help="Base model (creates the adapter if missing).")
+    ] = None,
+    create: Annotated[
+        bool, typer.Option("--create", help="Create the adapter first if it does not exist.")
+    ] = False,
+    owner: Annotated[str | None, typer.Option("--owner", help="Owner of a created adapter.")] = None,
+    description: Annotated[
+        str | None, typer.Option("--description", help="Description of a created adapter.")
+    ] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Upload every file of DIRECTORY as a new version of the adapter (streamed, with a progress bar)."""
+    opts = options(ctx, url, token, as_json)
+    files = adapter_files(directory)
+    if not files:
+        raise fail(f"no files to upload in {directory}")
+    with client(opts) as admin:
+        if base or create:
+            _ensure_adapter(admin, adapter, base, create, owner, description)
+        total = sum(p.stat().st_size for p in files)
+        progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=err_console(),
+            transient=False,
+        )
+        with progress:
+            task = progress.add_task(f"push {adapter} ({len(files)} files)", total=total)
+            version = admin.upload_files(adapter, files, progress=lambda n: progress.advance(task, n))
+    if not opts.as_json:
+        out_console().print(f"uploaded {adapter} {version.get('version')} ({human_bytes(total)})")
+    _print_version(version, opts)
+
+
+@adapters_app.command("list")
+@handle_errors
+def list_adapters(
+    ctx: typer.Context,
+    base_model: Annotated[str | None, typer.Option("--base-model", help="Only this base model.")] = None,
+    owner: Annotated[str | None, typer.Option("--owner", help="Only this owner.")] = None,
+    status: Annotated[str | None, typer.Option("--status", help="active | disabled.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List adapters (every page)."""
+    opts = options(ctx, url, token, as_json)
+    with client(opts) as admin:
+        rows = admin.list_adapters(base_model=base_model, owner=owner, status=status)
+    if opts.as_json:
+        print_json(rows)
+    else:
+        print_rows(rows, _ADAPTER_COLUMNS, title="Adapters")
+
+
+@adapters_app.command("show")
+@handle_errors
+def show(
+    ctx: typer.Context,
+    adapter: AdapterArg,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Describe an adapter with its versions."""
+    opts = options(ctx, url, token, as_json)
+    with client(opts) as admin:
+        record = admin.get_adapter(adapter)
+        versions = record.get("versions")
+        if versions is None:
+            versions = admin.list_versions(adapter)
+    _print_adapter(record, opts, versions)
+
+
+@adapters_app.command("versions")
+@handle_errors
+def show_version(
+    ctx: typer.Context,
+    adapter: AdapterArg,
+    version: Annotated[str | None, typer.Argument(help="One version to describe (else list them).")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List an adapter's versions, or describe one with its files and hashes."""
+    opts = options(ctx, url, token, as_json)
+    with client(opts) as admin:
+        if version is not None:
+            _print_version(admin.get_version(adapter, normalise_version(version)), opts)
+            return
+        rows = admin.list_versions(adapter)
+    if opts.as_json:
+        print_json(rows)
+    else:
+        print_rows(rows, _VERSION_COLUMNS, title="Versions")
+
+
+@adapters_app.command("promote")
+@handle_errors
+def promote(
+    ctx: typer.Context,
+    adapter: AdapterArg,
+    version: VersionArg,
+    canary: Annotated[
+        int | None,
+        typer.Option("--canary", min=1, max=99, help="Canary with this share of traffic (1-99 %)."),
+    ] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a version active, or a canary with --canary WEIGHT."""
+    opts = options(ctx, url, token, as_json)
+    v = normalise_version(version)
+    with client(opts) as admin:
+        result = admin.promote(adapter, v, canary_weight=canary)
+    what = f"canary at {canary}%" if canary is not None else "active"
+    _print_change(result, opts, f"{adapter} {v} is now {what}")
+
+
+@adapters_app.command("rollback")
+@handle_errors
+def rollback(
+    ctx: typer.Context,
+    adapter: AdapterArg,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Restore the version that was active before the current one (clears any canary)."""
+    opts = options(ctx, url, token, as_json)
+    with client(opts) as admin:
+        result = admin.rollback(adapter)
+    active = result.get("active_version") if isinstance(result, dict) else None
+    _print_change(result, opts, f"{adapter} rolled back; active version: {fmt(active)}")
+
+
+@adapters_app.command("disable")
+@handle_errors
+def disable(
+    ctx: typer.Context,
+    adapter: AdapterArg,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Kill switch: every request for the adapter fails fast and replicas unload it."""
+    opts = options(ctx, url, token, as_json)
+    with client(opts) as admin:
+        result = admin.disable_adapter(adapter)
+    _print_change(result, opts, f"{adapter} disabled")
+
+
+@adapters_app.command("enable")
+@handle_errors
+def enable(
+    ctx: typer.Context,
+    adapter: AdapterArg,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Undo ``disable``: the adapter is served as before."""
+    opts = options(ctx, url, token, as_json)
+    with client(opts) as admin:
+        result = admin.enable_adapter(adapter)
+    _print_change(result, opts, f"{adapter} enabled")
+
+
+@adapters_app.command("disable-version")
+@handle_errors
+def disable_version(
+    ctx: typer.Context,
+    adapter: AdapterArg,
+    version: VersionArg,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Block one version (it can no longer be served or promoted; the active one rolls back)."""
+    opts = options(ctx, url, token, as_json)
+    v = normalise_version(version)
+    with client(opts) as admin:
+        result = admin.disable_version(adapter, v)
+    _print_change(result, opts, f"{adapter} {v} disabled")
+
+
+@adapters_app.command("prewarm")
+@handle_errors
+def prewarm(
+    ctx: typer.Context,
+    adapter: AdapterArg,
+    replicas: Annotated[
+        int | None, typer.Option("--replicas", min=1, help="How many replicas to load it on.")
+    ] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Load the active version onto N replicas now."""
+    opts = options(ctx, url, token, as_json)
+    with client(opts) as admin:
+        result = admin.prewarm(adapter, replicas)
+    _print_change(result, opts, f"prewarm of {adapter} requested")
+
+
+def _loaded(replica: dict[str, Any]) -> str:
+    items = [
+        f"{a.get('adapter')}@{a.get('version')} ({a.get('state')})" for a in replica.get("adapters") or []
+    ]
+    return "\n".join(items) or "-"
+
+
+@adapters_app.command("replicas")
+@handle_errors
+def replicas(
+    ctx: typer.Context, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Every replica: health, adapters loaded, requests running/waiting."""
+    opts = options(ctx, url, token, as_json)
+    with client(opts) as admin:
+        rows = admin.list_replicas()
+    if opts.as_json:
+        print_json(rows)
+        return
+    print_rows(
+        rows,
+        [
+            ("url", field("url")),
+            ("pool", field("pool")),
+            ("base model", field("base_model")),
+            ("healthy", field("healthy")),
+            ("running", field("running")),
+            ("waiting", field("waiting")),
+            ("adapters", _loaded),
+            ("last seen", field("last_seen")),
+        ],
+        title="Replicas",
+    )
+
+
+@adapters_app.command("audit")
+@handle_errors
+def audit(
+    ctx: typer.Context,
+    action: Annotated[str | None, typer.Option("--action", help="e.g. version.promoted")] = None,
+    subject_type: Annotated[
+        str | None, typer.Option("--subject-type", help="adapter | tenant | base_model")
+    ] = None,
+    subject_id: Annotated[str | None, typer.Option("--subject-id", help="Adapter or tenant id.")] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="ISO 8601 time, e.g. 2026-01-01T00:00:00Z")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many events.")] = 50,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The audit log: every admin change, load, unload, failure."""
+    opts = options(ctx, url, token, as_json)
+    with client(opts) as admin:
+        rows = admin.list_audit(
+            action=action, subject_type=subject_type, subject_id=subject_id, since=since, limit=limit
+        )
+    if opts.as_json:
+        print_json(rows)
+        return
+    print_rows(
+        rows,
+        [
+            ("time", field("ts")),
+            ("actor", field("actor")),
+            ("action", field("action")),
+            ("subject", lambda e: f"{e.get('subject_type')}:{e.get('subject_id')}"),
+            ("details", field("details")),
+        ],
+        title="Audit events",
+    )
