@@ -1,0 +1,88 @@
+"""In-memory limiter (embedded default, one gateway process). Same semantics as the Redis one.
+
+Everything in :meth:`admit` runs without awaiting, so it is atomic on the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from gateway.ratelimit.base import AdmissionPlan, AdmitResult, Bucket, BucketState, Lease, lease_for
+
+
+def _rate(limit: int) -> float:
+    return limit / 60.0
+
+
+class MemoryLimiter:
+    name = "memory"
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # key → (tokens, at)
+        self._slots: dict[str, set[str]] = {}
+
+    def _level(self, b: Bucket, now: float) -> float:
+        cur = self._buckets.get(b.key)
+        if cur is None:
+            return float(b.limit)
+        tokens, at = cur
+        return min(float(b.limit), tokens + max(0.0, now - at) * _rate(b.limit))
+
+    def _states(self, plan: AdmissionPlan, levels: list[float], taken: bool) -> list[BucketState]:
+        out = []
+        for b, lvl in zip(plan.buckets, levels, strict=True):
+            left = lvl - b.cost if taken else lvl
+            out.append(BucketState(b, int(left // 1), max(0.0, (b.limit - left) / _rate(b.limit))))
+        return out
+
+    async def admit(self, plan: AdmissionPlan) -> AdmitResult:
+        now = self._clock()
+        levels = [self._level(b, now) for b in plan.buckets]
+        for b, lvl in zip(plan.buckets, levels, strict=True):
+            if lvl < b.cost:
+                wait = 60.0 if b.cost > b.limit else (b.cost - lvl) / _rate(b.limit)
+                return AdmitResult(False, self._states(plan, levels, False), b.kind, b.scope, b.limit, wait)
+        if plan.concurrency_key is not None and plan.concurrency_limit is not None:
+            held = self._slots.setdefault(plan.concurrency_key, set())
+            if len(held) >= plan.concurrency_limit:
+                return AdmitResult(
+                    False, self._states(plan, levels, False), "concurrency", "tenant",
+                    plan.concurrency_limit, 1.0,
+                )  # fmt: skip
+        lease = lease_for(plan)
+        for b, lvl in zip(plan.buckets, levels, strict=True):
+            self._buckets[b.key] = (lvl - b.cost, now)
+        if plan.concurrency_key is not None and plan.concurrency_limit is not None:
+            self._slots[plan.concurrency_key].add(lease.lease_id)
+        else:
+            lease.concurrency_key = None
+        return AdmitResult(True, self._states(plan, levels, True), lease=lease)
+
+    async def peek(self, plan: AdmissionPlan) -> list[BucketState]:
+        now = self._clock()
+        return self._states(plan, [self._level(b, now) for b in plan.buckets], False)
+
+    async def settle(self, lease: Lease, actual_tokens: int | None) -> None:
+        if lease.settled:
+            return
+        lease.settled = True
+        if actual_tokens is not None and actual_tokens != lease.estimated_tokens:
+            now = self._clock()
+            delta = actual_tokens - lease.estimated_tokens
+            for b in lease.token_buckets:
+                lvl = self._level(b, now)
+                self._buckets[b.key] = (max(-float(b.limit), min(float(b.limit), lvl - delta)), now)
+        if lease.concurrency_key is not None:
+            self._slots.get(lease.concurrency_key, set()).discard(lease.lease_id)
+
+    def in_use(self, concurrency_key: str) -> int:
+        """Open concurrency slots (for tests and /readyz)."""
+        return len(self._slots.get(concurrency_key, ()))
+
+    async def healthy(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None

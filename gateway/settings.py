@@ -1,0 +1,61 @@
+"""Typed settings of the gateway (the OpenAI-compatible public API). Env prefix ``LORAPLANE_``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from kit.settings import LoraplaneSettings
+
+
+class GatewaySettings(LoraplaneSettings):
+    """Every field is read from ``LORAPLANE_<FIELD>`` (or the config file named by ``LORAPLANE_CONFIG``)."""
+
+    gateway_host: str = Field(default="127.0.0.1", description="Bind address of the public API.")
+    gateway_port: int = Field(default=8080, description="Port of the public API.")
+    ratelimit_on_error: Literal["open", "closed"] = Field(
+        default="closed",
+        description="When Redis (the shared rate-limit store) is unreachable: `closed` answers 503 "
+        "`rate_limiter_unavailable`, `open` admits the request without limits. Logged and shown in /readyz.",
+    )
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024, description="Largest accepted request body (413 above it)."
+    )
+    cold_load_queue_cap: int = Field(
+        default=64,
+        description="Per adapter: most requests allowed to wait for a cold load at once "
+        "(503 `no_capacity` with Retry-After beyond it).",
+    )
+    snapshot_refresh_s: float = Field(
+        default=15.0,
+        description="Safety-net period for reloading the routing snapshot even without a change-feed "
+        "notification; also the retry period while the registry database is unreachable (capped at 1 s).",
+    )
+    request_timeout_s: float = Field(
+        default=300.0,
+        description="Upper bound on waiting for the router to start an answer (placement, load, first "
+        "byte); 504 `upstream_timeout` after it.",
+    )
+    default_max_tokens: int = Field(
+        default=256,
+        description="Completion tokens reserved against the tpm limit at admission when the request "
+        "sets no `max_tokens`; corrected with the real usage when the answer ends.",
+    )
+    chars_per_token: float = Field(
+        default=4.0, description="Prompt-token estimate at admission: characters of the prompt / this."
+    )
+    concurrency_lease_s: float = Field(
+        default=900.0,
+        description="Safety expiry of a concurrency slot in Redis, so a crashed gateway process cannot "
+        "hold slots forever (slots are released explicitly on every exit path before that).",
+    )
+    key_cache_size: int = Field(
+        default=10000, description="API keys remembered per registry revision (lookup cache)."
+    )
+    redis_timeout_s: float = Field(
+        default=2.0, description="Timeout of one rate-limit round trip to Redis before on_error applies."
+    )
+    metrics_tenant_labels: bool = Field(
+        default=True, description="Label gateway metrics by tenant (turn off with very many tenants)."
+    )
