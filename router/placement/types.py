@@ -11,7 +11,7 @@ Nothing here does I/O; benchmarks replay traces through the same code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 ResidencyState = Literal["staging", "loading", "resident", "unloading", "failed"]
 
@@ -44,6 +44,10 @@ class ReplicaView:
     lora_running: tuple[str, ...] = ()
     lora_waiting: tuple[str, ...] = ()
     max_num_seqs: int = 256
+    # ADDED (placement): per-snapshot memo of values derived from ``residents`` (occupancy, running
+    # set, LRU idle order), filled lazily by ``router.placement`` so a decision stays O(replicas).
+    # Views are snapshots: build a new view instead of mutating ``residents`` after a pick.
+    derived: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def running_adapters(self) -> int:
         """Distinct adapters with requests in flight on this replica (router's own count)."""

@@ -1,0 +1,238 @@
+"""Placement framework: Filter → weighted Scorer in [0, 1] → Picker (DESIGN.md example 8).
+
+A :class:`SchedulerProfile` runs, for one request and one snapshot of replicas:
+
+1. every :class:`Filter` in order (each drops replicas; an empty result ends the pick with
+   ``Decision(replica=None, action="none")`` and the filter's name in ``reason``);
+2. every :class:`Scorer` — each returns one score in [0, 1] per remaining replica (clamped), and
+   the profile sums ``weight × score``;
+3. its :class:`Picker`, which chooses one index from the totals;
+
+then derives the action (``hit`` / ``load`` / ``replicate``) and, when the chosen replica is at
+``max_adapters``, the least recently used idle adapters to unload first (``Decision.evict``).
+
+Everything is a pure function of ``(request, replicas, now)``; the only state is what a picker
+holds in its own instance (a seeded RNG, a round-robin counter). Per-snapshot facts derived from
+``ReplicaView.residents`` are memoised in ``ReplicaView.derived`` (see :func:`summary`), so a
+decision is O(replicas) with O(1) work per replica once a view has been summarised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from router.placement.types import Action, Decision, PlacementRequest, ReplicaView, Resident
+
+# Residency states that hold a registration slot on the replica (count towards max_adapters).
+OCCUPYING = frozenset({"staging", "loading", "resident", "unloading"})
+# States meaning "the adapter is there or about to be": requests can be sent (the loader joins).
+PRESENT = frozenset({"staging", "loading", "resident"})
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Facts about one replica snapshot derived from its residents (memoised per view)."""
+
+    occupied: int  # residents holding a registration slot (OCCUPYING states)
+    running: int  # distinct adapters with router in-flight requests (the running set)
+    idle_lru: tuple[Resident, ...]  # resident adapters with no in-flight request, oldest first
+
+
+def summary(view: ReplicaView) -> Summary:
+    """Return (and memoise on the view) the :class:`Summary` of ``view``'s residents."""
+    cached = view.derived.get("summary")
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+    occupied = 0
+    running = 0
+    idle: list[Resident] = []
+    for r in view.residents.values():
+        if r.state in OCCUPYING:
+            occupied += 1
+        if r.inflight > 0:
+            running += 1
+        elif r.state == "resident":
+            idle.append(r)
+    idle.sort(key=_lru_key)
+    s = Summary(occupied=occupied, running=running, idle_lru=tuple(idle))
+    view.derived["summary"] = s
+    return s
+
+
+def _lru_key(r: Resident) -> tuple[float, str]:
+    return (r.last_used, r.lora_name)
+
+
+def load_fraction(view: ReplicaView) -> float:
+    """Replica load in [0, 1]: (router in-flight + scraped waiting) / max_num_seqs, capped at 1."""
+    cap = view.max_num_seqs if view.max_num_seqs > 0 else 1
+    f = (view.inflight + view.waiting) / cap
+    return 1.0 if f > 1.0 else f
+
+
+class PickContext:
+    """What plugins see for one pick: the request, the candidate views and derived lookups."""
+
+    __slots__ = ("now", "replicas", "request", "targets")
+
+    def __init__(self, request: PlacementRequest, replicas: list[ReplicaView], now: float) -> None:
+        self.request = request
+        self.replicas = replicas
+        self.now = now
+        # The requested adapter's Resident record on each replica (None: absent / base request).
+        name = request.lora_name
+        self.targets: list[Resident | None] = (
+            [v.residents.get(name) for v in replicas] if name is not None else [None] * len(replicas)
+        )
+
+    def narrow(self, keep: list[int]) -> None:
+        """Keep only the replicas at indices ``keep`` (used between filters)."""
+        self.replicas = [self.replicas[i] for i in keep]
+        self.targets = [self.targets[i] for i in keep]
+
+
+class Filter:
+    """Drops replicas. Subclasses set ``name``/``reads`` and implement :meth:`keep`."""
+
+    name: ClassVar[str] = "filter"
+    reads: ClassVar[frozenset[str]] = frozenset()
+
+    def keep(self, ctx: PickContext) -> list[int]:
+        """Indices (into ``ctx.replicas``) of the replicas to keep."""
+        raise NotImplementedError
+
+
+class Scorer:
+    """Scores replicas in [0, 1]. Subclasses set ``name``/``reads`` and implement :meth:`score`."""
+
+    name: ClassVar[str] = "scorer"
+    reads: ClassVar[frozenset[str]] = frozenset()
+
+    def score(self, ctx: PickContext) -> list[float]:
+        """One score in [0, 1] per replica of ``ctx.replicas`` (same order)."""
+        raise NotImplementedError
+
+
+class Picker:
+    """Chooses one replica index from the weighted totals."""
+
+    name: ClassVar[str] = "picker"
+
+    def pick(self, ctx: PickContext, totals: list[float]) -> int:
+        raise NotImplementedError
+
+
+class Evictor:
+    """Chooses which adapters to unload from the chosen replica when it is at ``max_adapters``.
+
+    The base version takes the least recently used idle residents (never one with in-flight
+    requests, never one still loading). Subclasses can protect some (hysteresis of replicas).
+    """
+
+    name: ClassVar[str] = "lru-idle"
+
+    def victims(self, ctx: PickContext, index: int, need: int) -> tuple[str, ...] | None:
+        """``need`` lora_names to unload from ``ctx.replicas[index]``, or None if impossible."""
+        idle = summary(ctx.replicas[index]).idle_lru
+        if len(idle) < need:
+            return None
+        return tuple(r.lora_name for r in idle[:need])
+
+
+def can_host(view: ReplicaView, target: Resident | None) -> bool:
+    """True when ``view`` holds the adapter already or can register one more (maybe by eviction)."""
+    if target is not None and target.state in PRESENT:
+        return True
+    s = summary(view)
+    need = s.occupied - view.max_adapters + 1
+    return need <= 0 or len(s.idle_lru) >= need
+
+
+class SchedulerProfile:
+    """A named placement policy: filters → weighted scorers → picker (+ evictor).
+
+    Implements the ``Profile`` protocol of :mod:`router.placement.types`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        filters: Sequence[Filter],
+        scorers: Sequence[tuple[Scorer, float]],
+        picker: Picker,
+        evictor: Evictor | None = None,
+    ) -> None:
+        for scorer, weight in scorers:
+            if weight < 0:
+                raise ValueError(f"scorer {scorer.name!r}: weight must be >= 0, got {weight}")
+        self.name = name
+        self.filters = tuple(filters)
+        self.scorers = tuple((s, float(w)) for s, w in scorers if w > 0)
+        self.picker = picker
+        self.evictor = evictor or Evictor()
+
+    def describe(self) -> dict[str, object]:
+        """A JSON-able description of the pipeline (for logs and the admin API)."""
+        return {
+            "name": self.name,
+            "filters": [f.name for f in self.filters],
+            "scorers": [[s.name, w] for s, w in self.scorers],
+            "picker": self.picker.name,
+            "evictor": self.evictor.name,
+        }
+
+    def pick(self, request: PlacementRequest, replicas: list[ReplicaView], now: float) -> Decision:
+        ctx = PickContext(request, replicas, now)
+        for f in self.filters:
+            if not ctx.replicas:
+                break
+            keep = f.keep(ctx)
+            if len(keep) != len(ctx.replicas):
+                if not keep:
+                    return Decision(replica=None, action="none", reason=f"no replica left after {f.name}")
+                ctx.narrow(keep)
+        n = len(ctx.replicas)
+        if n == 0:
+            return Decision(replica=None, action="none", reason="no replicas")
+        totals = [0.0] * n
+        for scorer, weight in self.scorers:
+            scores = scorer.score(ctx)
+            for i in range(n):
+                s = scores[i]
+                if s > 1.0:
+                    s = 1.0
+                elif not s >= 0.0:  # also catches NaN
+                    s = 0.0
+                totals[i] += weight * s
+        index = self.picker.pick(ctx, totals)
+        return self._decide(ctx, totals, index)
+
+    def _decide(self, ctx: PickContext, totals: list[float], index: int) -> Decision:
+        view = ctx.replicas[index]
+        scores = {v.url: t for v, t in zip(ctx.replicas, totals, strict=True)}
+        name = ctx.request.lora_name
+        if name is None:
+            return Decision(replica=view.url, action="hit", scores=scores, reason="base model")
+        target = ctx.targets[index]
+        if target is not None and target.state in PRESENT:
+            reason = "resident" if target.state == "resident" else f"joining {target.state}"
+            return Decision(replica=view.url, action="hit", scores=scores, reason=reason)
+        elsewhere = any(t is not None and t.state == "resident" for t in ctx.targets)
+        action: Action = "replicate" if elsewhere else "load"
+        s = summary(view)
+        need = s.occupied - view.max_adapters + 1
+        evict: tuple[str, ...] = ()
+        if need > 0:
+            victims = self.evictor.victims(ctx, index, need)
+            if victims is None:  # only reachable without the capacity filter
+                return Decision(
+                    replica=None,
+                    action="none",
+                    scores=scores,
+                    reason=f"{view.url} is at max_adapters with no idle adapter to evict",
+                )
+            evict = victims
+        reason = f"{action}; evict {','.join(evict)}" if evict else action
+        return Decision(replica=view.url, action=action, evict=evict, scores=scores, reason=reason)

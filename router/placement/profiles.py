@@ -1,0 +1,231 @@
+"""Named placement profiles and ``make_profile`` (selection by configuration).
+
+``make_profile(name, **params)`` returns a fresh :class:`SchedulerProfile` (each instance holds
+its own RNG / round-robin counter). Profiles:
+
+- ``default`` — loraplane's policy: resident affinity with demand-driven replication and
+  hysteresis, running-set (max_loras) awareness, free registration slots, load.
+- ``round-robin``, ``least-request``, ``random`` — baselines.
+- ``gie-lora-affinity`` — the Gateway API Inference Extension's lora-affinity + queue +
+  kv-cache scorers, max-score picker with random tie-break.
+- ``custom`` — any pipeline from the plugin registries: ``filters=[...]``,
+  ``scorers=[[name, weight, {params}], ...]``, ``picker=name`` or ``[name, {params}]``.
+
+All baselines use the same filters (healthy, exclude, can-host) and the same LRU idle eviction,
+so benchmarks compare placement, not eviction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from router.placement.filters import FILTERS, CanHostFilter, ExcludeFilter, HealthyFilter
+from router.placement.framework import Evictor, Filter, PickContext, Picker, SchedulerProfile, Scorer, summary
+from router.placement.pickers import (
+    PICKERS,
+    MaxScorePicker,
+    MaxScoreRandomTiePicker,
+    RandomPicker,
+    RoundRobinPicker,
+)
+from router.placement.scorers import (
+    SCORERS,
+    FreeSlotScorer,
+    GieLoraAffinityScorer,
+    KvCacheScorer,
+    LeastRequestScorer,
+    LoadScorer,
+    QueueScorer,
+    ResidencyAffinityScorer,
+    RunningSetScorer,
+)
+
+
+class HotCopyEvictor(Evictor):
+    """LRU idle eviction that keeps copies of adapters still in demand (replication hysteresis).
+
+    An idle resident whose adapter has, summed over all replicas, in-flight ≥ ``low_water`` ×
+    max_num_seqs (a copy of a hot adapter that is momentarily idle here) is passed over while
+    enough colder idle adapters exist. At most ``scan`` idle candidates are examined.
+    """
+
+    name: ClassVar[str] = "lru-idle-keep-hot"
+
+    def __init__(self, low_water: float = 0.05, scan: int = 8) -> None:
+        self.low_water = low_water
+        self.scan = scan
+
+    def victims(self, ctx: PickContext, index: int, need: int) -> tuple[str, ...] | None:
+        view = ctx.replicas[index]
+        idle = summary(view).idle_lru
+        if len(idle) < need:
+            return None
+        cap = view.max_num_seqs if view.max_num_seqs > 0 else 1
+        chosen: list[str] = []
+        kept: list[str] = []
+        for r in idle[: self.scan]:
+            if len(chosen) == need:
+                break
+            demand = 0
+            for other in ctx.replicas:
+                o = other.residents.get(r.lora_name)
+                if o is not None:
+                    demand += o.inflight
+            if demand / cap >= self.low_water:
+                kept.append(r.lora_name)
+            else:
+                chosen.append(r.lora_name)
+        if len(chosen) < need:  # not enough cold ones: fall back to plain LRU order
+            rest = [r.lora_name for r in idle if r.lora_name not in chosen]
+            chosen.extend(rest[: need - len(chosen)])
+        return tuple(chosen)
+
+
+def _filters() -> list[Filter]:
+    return [HealthyFilter(), ExcludeFilter(), CanHostFilter()]
+
+
+DEFAULT_WEIGHTS: dict[str, float] = {
+    "resident-affinity": 3.0,
+    "running-set": 2.0,
+    "free-slot": 1.0,
+    "load": 1.0,
+}
+
+
+def default_profile(
+    *,
+    weights: Mapping[str, float] | None = None,
+    high_water: float = 0.75,
+    adapter_high: float = 0.25,
+    low_water: float = 0.05,
+    idle_horizon_s: float = 60.0,
+) -> SchedulerProfile:
+    """loraplane's default policy (see README.md for the tables)."""
+    w = dict(DEFAULT_WEIGHTS)
+    if weights:
+        unknown = set(weights) - set(w)
+        if unknown:
+            raise ValueError(f"unknown scorer weights for the default profile: {sorted(unknown)}")
+        w.update({k: float(v) for k, v in weights.items()})
+    scorers: list[tuple[Scorer, float]] = [
+        (ResidencyAffinityScorer(high_water, adapter_high, low_water), w["resident-affinity"]),
+        (RunningSetScorer(), w["running-set"]),
+        (FreeSlotScorer(idle_horizon_s), w["free-slot"]),
+        (LoadScorer(), w["load"]),
+    ]
+    return SchedulerProfile(
+        "default", _filters(), scorers, MaxScorePicker(), HotCopyEvictor(low_water=low_water)
+    )
+
+
+def round_robin_profile() -> SchedulerProfile:
+    return SchedulerProfile("round-robin", _filters(), [], RoundRobinPicker())
+
+
+def least_request_profile() -> SchedulerProfile:
+    return SchedulerProfile("least-request", _filters(), [(LeastRequestScorer(), 1.0)], MaxScorePicker())
+
+
+def random_profile(*, seed: int | None = 0) -> SchedulerProfile:
+    return SchedulerProfile("random", _filters(), [], RandomPicker(seed))
+
+
+def gie_profile(
+    *,
+    seed: int | None = 0,
+    lora_weight: float = 1.0,
+    queue_weight: float = 1.0,
+    kv_weight: float = 1.0,
+    count: str = "union",
+) -> SchedulerProfile:
+    """GIE-style LoRA affinity (weights default to GIE's scorer defaults, 1 : 1 : 1)."""
+    scorers: list[tuple[Scorer, float]] = [
+        (GieLoraAffinityScorer(count), lora_weight),
+        (QueueScorer(), queue_weight),
+        (KvCacheScorer(), kv_weight),
+    ]
+    return SchedulerProfile("gie-lora-affinity", _filters(), scorers, MaxScoreRandomTiePicker(seed))
+
+
+def _plugin(registry: Mapping[str, type[Any]], kind: str, spec: Any) -> tuple[Any, list[Any]]:
+    """Parse ``name`` | ``[name, ...rest]`` into (instance from ``registry``, rest)."""
+    rest: list[Any] = []
+    params: dict[str, Any]
+    if isinstance(spec, str):
+        name, params = spec, {}
+    elif isinstance(spec, list | tuple) and spec and isinstance(spec[0], str):
+        name = spec[0]
+        rest = list(spec[1:])
+        params = rest.pop() if rest and isinstance(rest[-1], dict) else {}
+    else:
+        raise ValueError(f"bad {kind} spec: {spec!r}")
+    cls = registry.get(name)
+    if cls is None:
+        raise ValueError(f"unknown {kind} {name!r}; known: {sorted(registry)}")
+    try:
+        return cls(**params), rest
+    except TypeError as exc:
+        raise ValueError(f"bad parameters for {kind} {name!r}: {exc}") from None
+
+
+def custom_profile(
+    *,
+    filters: list[Any] | None = None,
+    scorers: list[Any] | None = None,
+    picker: Any = "max-score",
+    name: str = "custom",
+) -> SchedulerProfile:
+    """A pipeline assembled from the plugin registries (FILTERS, SCORERS, PICKERS)."""
+    fs = [_plugin(FILTERS, "filter", f)[0] for f in (filters or ["healthy", "exclude", "can-host"])]
+    if not any(isinstance(f, CanHostFilter) for f in fs):
+        fs.append(CanHostFilter())  # never evict an adapter with requests in flight
+    ss: list[tuple[Scorer, float]] = []
+    for spec in scorers or []:
+        scorer, rest = _plugin(SCORERS, "scorer", spec)
+        weight = float(rest[0]) if rest else 1.0
+        ss.append((scorer, weight))
+    pk: Picker = _plugin(PICKERS, "picker", picker)[0]
+    return SchedulerProfile(name, fs, ss, pk)
+
+
+PROFILES: dict[str, Callable[..., SchedulerProfile]] = {
+    "default": default_profile,
+    "round-robin": round_robin_profile,
+    "least-request": least_request_profile,
+    "random": random_profile,
+    "gie-lora-affinity": gie_profile,
+    "custom": custom_profile,
+}
+
+BASELINES = ("round-robin", "least-request", "random", "gie-lora-affinity")
+
+
+def make_profile(name: str, **params: Any) -> SchedulerProfile:
+    """A fresh instance of the profile ``name`` with ``params`` (ValueError on unknown/bad ones)."""
+    factory = PROFILES.get(name)
+    if factory is None:
+        raise ValueError(f"unknown placement profile {name!r}; known: {sorted(PROFILES)}")
+    try:
+        return factory(**params)
+    except TypeError as exc:
+        raise ValueError(f"bad parameters for placement profile {name!r}: {exc}") from None
+
+
+def profile_from_config(name: str, params: str | Mapping[str, Any] | None = None) -> SchedulerProfile:
+    """``make_profile`` from settings: ``params`` may be a JSON object string, a mapping or None."""
+    if params is None or params == "":
+        parsed: dict[str, Any] = {}
+    elif isinstance(params, str):
+        try:
+            loaded = json.loads(params)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"LORAPLANE_PLACEMENT_PARAMS is not valid JSON: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ValueError("LORAPLANE_PLACEMENT_PARAMS must be a JSON object")
+        parsed = loaded
+    else:
+        parsed = dict(params)
+    return make_profile(name, **parsed)

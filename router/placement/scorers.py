@@ -1,0 +1,316 @@
+"""Placement scorers: each returns one score in [0, 1] per candidate replica.
+
+Every scorer declares the ``ReplicaView`` fields it reads (``reads``); the score tables are
+in each class docstring and in ``router/placement/README.md``. ``A`` is the requested adapter.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from router.placement.framework import PRESENT, PickContext, Scorer, load_fraction, summary
+from router.placement.types import ReplicaView, Resident
+
+
+def _frac(x: int, cap: int) -> float:
+    return x / cap if cap > 0 else float(x > 0)
+
+
+def saturated_for(view: ReplicaView, target: Resident | None, high_water: float, adapter_high: float) -> bool:
+    """True when sending one more request for ``target``'s adapter to ``view`` would queue it.
+
+    Saturated: replica load ≥ ``high_water``, or the adapter's own in-flight there ≥
+    ``adapter_high`` × max_num_seqs, or the adapter is not running there while the replica's
+    running set is full (vLLM would defer it behind ``max_loras`` other adapters).
+    """
+    if load_fraction(view) >= high_water:
+        return True
+    inflight = target.inflight if target is not None else 0
+    if inflight > 0:
+        return _frac(inflight, view.max_num_seqs) >= adapter_high
+    return summary(view).running >= view.max_loras
+
+
+class ResidencyAffinityScorer(Scorer):
+    """Affinity to replicas that hold the adapter, with demand-driven replication + hysteresis.
+
+    | replica                                                              | score |
+    |----------------------------------------------------------------------|-------|
+    | A resident, not saturated (spreading, or the primary copy)           | 1.0   |
+    | A staging/loading there (join the load in flight), not saturated     | 0.9   |
+    | A resident, not saturated, consolidating (demand < low water), extra | 0.6   |
+    | A held but saturated, another holder is not                          | 0.3   |
+    | A held, every holder saturated, some other replica is not → replicate| 0.0   |
+    | A held, every replica saturated (replicating would not help)         | 1.0   |
+    | A not held / base-model request                                      | 0.0   |
+
+    *Saturated* is :func:`saturated_for`. *Demand* is A's in-flight summed over its holders as
+    a fraction of max_num_seqs; with two or more copies, requests spread over them while demand
+    ≥ ``low_water``, and below it they consolidate on the primary copy (most in-flight for A,
+    then most recently used) so the extra copies go idle and become evictable. A copy is only
+    added above ``high_water`` and only drained below ``low_water``: no flapping in between.
+    """
+
+    name: ClassVar[str] = "resident-affinity"
+    reads: ClassVar[frozenset[str]] = frozenset(
+        {"residents", "inflight", "waiting", "max_num_seqs", "max_loras"}
+    )
+
+    def __init__(self, high_water: float = 0.75, adapter_high: float = 0.25, low_water: float = 0.05) -> None:
+        if not 0.0 <= low_water <= high_water:
+            raise ValueError("need 0 <= low_water <= high_water")
+        self.high_water = high_water
+        self.adapter_high = adapter_high
+        self.low_water = low_water
+
+    def score(self, ctx: PickContext) -> list[float]:
+        targets = ctx.targets
+        n = len(targets)
+        out = [0.0] * n
+        if ctx.request.lora_name is None:
+            return out
+        holders = [i for i in range(n) if targets[i] is not None and targets[i].state in PRESENT]  # type: ignore[union-attr]
+        if not holders:
+            return out
+        replicas = ctx.replicas
+        hw, ah = self.high_water, self.adapter_high
+        sat = {i: saturated_for(replicas[i], targets[i], hw, ah) for i in holders}
+        free_holders = [i for i in holders if not sat[i]]
+        if not free_holders:
+            if any(
+                not saturated_for(replicas[i], None, hw, ah)
+                for i in range(n)
+                if targets[i] is None or targets[i].state not in PRESENT  # type: ignore[union-attr]
+            ):
+                return out  # every copy saturated, another replica is not: replicate
+            for i in holders:
+                out[i] = 1.0
+            return out
+        primary = -1
+        if len(holders) > 1:
+            demand = 0
+            for i in holders:
+                demand += targets[i].inflight  # type: ignore[union-attr]
+            if _frac(demand, replicas[holders[0]].max_num_seqs) < self.low_water:
+                primary = max(
+                    holders,
+                    key=lambda i: (targets[i].inflight, targets[i].last_used, -i),  # type: ignore[union-attr]
+                )
+        for i in holders:
+            t = targets[i]
+            if sat[i]:
+                out[i] = 0.3
+            elif primary >= 0 and i != primary:
+                out[i] = 0.6
+            else:
+                out[i] = 1.0 if t.state == "resident" else 0.9  # type: ignore[union-attr]
+        return out
+
+
+class RunningSetScorer(Scorer):
+    """Keeps the distinct adapters running on a replica within its ``max_loras``.
+
+    | replica                                                          | score                    |
+    |------------------------------------------------------------------|--------------------------|
+    | base-model request (never limited by max_loras)                  | 1.0                      |
+    | A already has requests in flight there (shares its slot)         | 1.0                      |
+    | running set has room (k distinct adapters in flight < max_loras) | 0.5 + 0.4 × (1 − k/max)  |
+    | running set full (A would be deferred behind the others)         | 0.0                      |
+    """
+
+    name: ClassVar[str] = "running-set"
+    reads: ClassVar[frozenset[str]] = frozenset({"residents", "max_loras"})
+
+    def score(self, ctx: PickContext) -> list[float]:
+        n = len(ctx.replicas)
+        if ctx.request.lora_name is None:
+            return [1.0] * n
+        out = [0.0] * n
+        for i, v in enumerate(ctx.replicas):
+            t = ctx.targets[i]
+            if t is not None and t.inflight > 0:
+                out[i] = 1.0
+                continue
+            k = summary(v).running
+            if k < v.max_loras:
+                out[i] = 0.5 + 0.4 * (1.0 - k / v.max_loras)
+        return out
+
+
+class FreeSlotScorer(Scorer):
+    """Prefers replicas that can register A without evicting, then cheap evictions.
+
+    | replica                                                            | score                      |
+    |--------------------------------------------------------------------|----------------------------|
+    | A present (staging/loading/resident) or base-model request         | 1.0                        |
+    | fewer than max_adapters registered (free slot)                     | 1.0                        |
+    | at max_adapters, LRU idle adapter unused for ``t`` seconds         | 0.2 + 0.6 × min(1, t/H)    |
+    | at max_adapters, nothing idle to evict                             | 0.0                        |
+
+    ``H`` is ``idle_horizon_s`` (default 60 s): evicting an adapter used a moment ago is costly
+    (it is likely to come back), one idle for ``H`` or more is cheap.
+    """
+
+    name: ClassVar[str] = "free-slot"
+    reads: ClassVar[frozenset[str]] = frozenset({"residents", "max_adapters"})
+
+    def __init__(self, idle_horizon_s: float = 60.0) -> None:
+        if idle_horizon_s <= 0:
+            raise ValueError("idle_horizon_s must be > 0")
+        self.idle_horizon_s = idle_horizon_s
+
+    def score(self, ctx: PickContext) -> list[float]:
+        n = len(ctx.replicas)
+        if ctx.request.lora_name is None:
+            return [1.0] * n
+        out = [0.0] * n
+        now, horizon = ctx.now, self.idle_horizon_s
+        for i, v in enumerate(ctx.replicas):
+            t = ctx.targets[i]
+            if t is not None and t.state in PRESENT:
+                out[i] = 1.0
+                continue
+            s = summary(v)
+            if s.occupied < v.max_adapters:
+                out[i] = 1.0
+            elif s.idle_lru:
+                idle_for = now - s.idle_lru[0].last_used
+                f = idle_for / horizon
+                out[i] = 0.2 + 0.6 * (1.0 if f > 1.0 else (f if f > 0.0 else 0.0))
+        return out
+
+
+class LoadScorer(Scorer):
+    """Prefers lightly loaded replicas.
+
+    | replica | score                                              |
+    |---------|----------------------------------------------------|
+    | any     | 1 − min(1, (inflight + waiting) / max_num_seqs)    |
+
+    ``inflight`` is the router's own count, ``waiting`` the scraped ``vllm:num_requests_waiting``
+    (requests of other routers and LoRA-deferred ones).
+    """
+
+    name: ClassVar[str] = "load"
+    reads: ClassVar[frozenset[str]] = frozenset({"inflight", "waiting", "max_num_seqs"})
+
+    def score(self, ctx: PickContext) -> list[float]:
+        return [1.0 - load_fraction(v) for v in ctx.replicas]
+
+
+class LeastRequestScorer(Scorer):
+    """Fewest requests in flight (router's own count), min–max normalised over the candidates.
+
+    | replica                                  | score                               |
+    |------------------------------------------|-------------------------------------|
+    | all candidates equal                     | 1.0                                 |
+    | otherwise                                | (max − inflight) / (max − min)      |
+    """
+
+    name: ClassVar[str] = "least-request"
+    reads: ClassVar[frozenset[str]] = frozenset({"inflight"})
+
+    def score(self, ctx: PickContext) -> list[float]:
+        return _minmax_low_is_best([v.inflight for v in ctx.replicas])
+
+
+class QueueScorer(Scorer):
+    """GIE's queue-scorer: shorter scraped waiting queue is better, min–max normalised.
+
+    | replica                                  | score                               |
+    |------------------------------------------|-------------------------------------|
+    | all candidates equal                     | 1.0                                 |
+    | otherwise                                | (max − waiting) / (max − min)       |
+    """
+
+    name: ClassVar[str] = "queue"
+    reads: ClassVar[frozenset[str]] = frozenset({"waiting"})
+
+    def score(self, ctx: PickContext) -> list[float]:
+        return _minmax_low_is_best([v.waiting for v in ctx.replicas])
+
+
+class KvCacheScorer(Scorer):
+    """GIE's kv-cache-utilization-scorer.
+
+    | replica | score                 |
+    |---------|-----------------------|
+    | any     | 1 − kv_cache_usage    |
+    """
+
+    name: ClassVar[str] = "kv-cache"
+    reads: ClassVar[frozenset[str]] = frozenset({"kv_cache_usage"})
+
+    def score(self, ctx: PickContext) -> list[float]:
+        return [1.0 - v.kv_cache_usage for v in ctx.replicas]
+
+
+class GieLoraAffinityScorer(Scorer):
+    """The Gateway API Inference Extension's lora-affinity-scorer, from ``vllm:lora_requests_info`` only.
+
+    | replica (first matching row)                                         | score |
+    |----------------------------------------------------------------------|-------|
+    | A listed in ``running_lora_adapters``                                 | 1.0   |
+    | replica lists fewer adapters than its ``max_lora``                   | 0.8   |
+    | A listed in ``waiting_lora_adapters`` only                           | 0.6   |
+    | otherwise                                                            | 0.0   |
+    | base-model request                                                   | 1.0   |
+
+    ``count="union"`` (default) counts the distinct names listed; ``count="sum"`` adds the
+    lengths of both lists as GIE's Go code does (with vLLM ≥ 0.11.1 both labels list the same
+    set, so "sum" counts each adapter twice).
+    """
+
+    name: ClassVar[str] = "gie-lora-affinity"
+    reads: ClassVar[frozenset[str]] = frozenset({"lora_running", "lora_waiting", "max_loras"})
+
+    def __init__(self, count: str = "union") -> None:
+        if count not in ("union", "sum"):
+            raise ValueError('count must be "union" or "sum"')
+        self.count = count
+
+    def score(self, ctx: PickContext) -> list[float]:
+        name = ctx.request.lora_name
+        if name is None:
+            return [1.0] * len(ctx.replicas)
+        out: list[float] = []
+        union = self.count == "union"
+        for v in ctx.replicas:
+            if name in v.lora_running:
+                out.append(1.0)
+                continue
+            if union:
+                listed = len(set(v.lora_running).union(v.lora_waiting))
+            else:
+                listed = len(v.lora_running) + len(v.lora_waiting)
+            if listed < v.max_loras:
+                out.append(0.8)
+            elif name in v.lora_waiting:
+                out.append(0.6)
+            else:
+                out.append(0.0)
+        return out
+
+
+def _minmax_low_is_best(values: list[int]) -> list[float]:
+    lo = min(values, default=0)
+    hi = max(values, default=0)
+    if hi == lo:
+        return [1.0] * len(values)
+    span = hi - lo
+    return [(hi - x) / span for x in values]
+
+
+SCORERS: dict[str, type[Scorer]] = {
+    cls.name: cls
+    for cls in (
+        ResidencyAffinityScorer,
+        RunningSetScorer,
+        FreeSlotScorer,
+        LoadScorer,
+        LeastRequestScorer,
+        QueueScorer,
+        KvCacheScorer,
+        GieLoraAffinityScorer,
+    )
+}
