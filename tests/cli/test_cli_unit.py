@@ -1,0 +1,364 @@
+"""Unit tests of the registry CLI against an ``httpx.MockTransport`` admin API: error lines and
+exit codes, JSON mode, global options, pagination, the streamed multipart upload, PATCH bodies."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import registry.cli._common as common
+from kit.localservices import free_port
+from registry.adapter_factory import write_adapter
+from registry.admin_client import AdminAPIError, AdminClient, MultipartUpload
+from tests.cli.cli_helpers import parse_multipart, run_cli
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+class FakeAPI:
+    """Records requests and answers from a route table ``(method, path) → handler``."""
+
+    def __init__(self) -> None:
+        self.requests: list[httpx.Request] = []
+        self.bodies: list[bytes] = []
+        self.routes: dict[tuple[str, str], Handler] = {}
+
+    def on(self, method: str, path: str, status: int = 200, body: Any = None) -> None:
+        self.routes[(method, "/admin/v1" + path)] = lambda req: httpx.Response(status, json=body)
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.bodies.append(request.read())
+        self.requests.append(request)
+        handler = self.routes.get((request.method, request.url.path))
+        if handler is None:
+            return httpx.Response(
+                404, json={"error": {"code": "not_found", "message": "no route", "details": None}}
+            )
+        return handler(request)
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAPI]:
+    fake = FakeAPI()
+
+    def _client(url: str, token: str | None = None, **kw: Any) -> AdminClient:
+        return AdminClient(url, token, transport=httpx.MockTransport(fake))
+
+    monkeypatch.setattr(common, "AdminClient", _client)
+    yield fake
+
+
+ADAPTER = {
+    "id": "support-bot",
+    "base_model": "demo-base",
+    "owner": "ml-team",
+    "description": None,
+    "status": "active",
+    "active_version": "v1",
+    "canary_version": None,
+    "canary_weight": None,
+    "created_at": "2026-11-29T08:00:00Z",
+}
+
+
+def test_api_error_prints_one_line_and_exits_1(api: FakeAPI) -> None:
+    api.on(
+        "POST",
+        "/adapters/support-bot/rollback",
+        409,
+        {
+            "error": {
+                "code": "no_rollback_target",
+                "message": "adapter 'support-bot' has nothing to roll back to",
+            }
+        },
+    )
+    res = run_cli(["adapters", "rollback", "support-bot"])
+    assert res.exit_code == 1
+    assert (
+        res.stderr.strip()
+        == "error: 409 no_rollback_target: adapter 'support-bot' has nothing to roll back to"
+    )
+    assert res.stdout == ""
+    assert "Traceback" not in res.output
+
+
+def test_invalid_adapter_lists_each_problem(api: FakeAPI, tmp_path: Path) -> None:
+    write_adapter(tmp_path / "a")
+    problems = ["r=128 is above the base model's max_lora_rank 64", "use_dora: true is not supported by vLLM"]
+    api.on(
+        "POST",
+        "/adapters/bot/versions",
+        422,
+        {
+            "error": {
+                "code": "invalid_adapter",
+                "message": "adapter failed validation",
+                "details": {"problems": problems},
+            }
+        },
+    )
+    res = run_cli(["adapters", "push", str(tmp_path / "a"), "--adapter", "bot"])
+    assert res.exit_code == 1
+    lines = res.stderr.strip().splitlines()
+    assert "error: 422 invalid_adapter: adapter failed validation" in lines
+    assert lines[-2:] == [f"  - {p}" for p in problems]
+
+
+def test_non_json_error_answer_is_still_one_line(api: FakeAPI) -> None:
+    api.routes[("GET", "/admin/v1/adapters/x")] = lambda req: httpx.Response(502, text="Bad Gateway")
+    res = run_cli(["adapters", "show", "x"])
+    assert res.exit_code == 1
+    assert res.stderr.strip() == "error: 502 http_502: Bad Gateway"
+
+
+def test_unreachable_admin_api_exits_2() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    res = run_cli(["adapters", "list", "--url", url])
+    assert res.exit_code == 2
+    assert res.stderr.strip() == f"error: cannot reach the admin API at {url} (is it running?)"
+    # the env var is honoured too
+    res = run_cli(["tenants", "list"], env={"LORAPLANE_ADMIN_URL": url})
+    assert res.exit_code == 2
+    assert url in res.stderr
+
+
+def test_token_url_and_json_options(api: FakeAPI) -> None:
+    api.on("GET", "/adapters/support-bot", 200, {**ADAPTER, "versions": []})
+    res = run_cli(
+        ["adapters", "show", "support-bot", "--json"],
+        env={"LORAPLANE_ADMIN_TOKEN": "s3cret", "LORAPLANE_ADMIN_URL": "http://admin.test:9"},
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["id"] == "support-bot"
+    req = api.requests[-1]
+    assert req.headers["authorization"] == "Bearer s3cret"
+    assert str(req.url) == "http://admin.test:9/admin/v1/adapters/support-bot"
+    # group-level options, command-level token wins over the env var
+    res = run_cli(
+        ["adapters", "--json", "--url", "http://other.test", "show", "support-bot", "--token", "cmd"],
+        env={"LORAPLANE_ADMIN_TOKEN": "s3cret"},
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["active_version"] == "v1"
+    assert api.requests[-1].headers["authorization"] == "Bearer cmd"
+    assert api.requests[-1].url.host == "other.test"
+
+
+def test_list_follows_next_cursor(api: FakeAPI) -> None:
+    pages = {
+        None: {"data": [{**ADAPTER, "id": "a1"}], "next_cursor": "c2"},
+        "c2": {"data": [{**ADAPTER, "id": "a2"}], "next_cursor": "c3"},
+        "c3": {
+            "data": [{**ADAPTER, "id": "a3", "canary_version": "v2", "canary_weight": 10}],
+            "next_cursor": None,
+        },
+    }
+    api.routes[("GET", "/admin/v1/adapters")] = lambda req: httpx.Response(
+        200, json=pages[req.url.params.get("cursor")]
+    )
+    res = run_cli(["adapters", "list", "--base-model", "demo-base", "--json"])
+    assert res.exit_code == 0, res.output
+    assert [a["id"] for a in json.loads(res.stdout)] == ["a1", "a2", "a3"]
+    assert all(r.url.params["base_model"] == "demo-base" for r in api.requests)
+    assert "owner" not in api.requests[0].url.params
+    res = run_cli(["adapters", "list"])
+    assert res.exit_code == 0
+    for word in ("a1", "a2", "a3", "v2 (10%)", "demo-base"):
+        assert word in res.stdout
+
+
+def test_push_streams_every_visible_file_as_files_parts(api: FakeAPI, tmp_path: Path) -> None:
+    d = write_adapter(tmp_path / "ad", rank=4)
+    (d / "README.md").write_text("hello")
+    (d / ".DS_Store").write_bytes(b"junk")
+    (d / "sub").mkdir()
+    (d / "sub" / "x.bin").write_bytes(b"nested")
+    version = {
+        "adapter_id": "bot",
+        "version": "v1",
+        "status": "ready",
+        "rank": 4,
+        "lora_alpha": 16,
+        "target_modules": ["q_proj", "v_proj"],
+        "files": [{"name": "adapter_config.json", "size": 10, "sha256": "ab" * 32}],
+        "storage_uri": "file:///x",
+        "rollback_to": None,
+        "quality_gate": "pending",
+        "created_by": "admin",
+        "created_at": "2026-11-29T08:00:00Z",
+    }
+    api.on(
+        "GET", "/adapters/bot", 404, {"error": {"code": "adapter_not_found", "message": "no adapter 'bot'"}}
+    )
+    api.on("POST", "/adapters", 201, {**ADAPTER, "id": "bot"})
+    api.on("POST", "/adapters/bot/versions", 201, version)
+    res = run_cli(
+        ["adapters", "push", str(d), "-a", "bot", "--base", "demo-base", "--create", "--owner", "me"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "uploaded bot v1" in res.stdout
+    assert "created adapter bot" in res.stderr
+    create_body = json.loads(api.bodies[1])
+    assert create_body == {"id": "bot", "base_model": "demo-base", "owner": "me"}
+    upload = api.requests[2]
+    body = api.bodies[2]
+    assert int(upload.headers["content-length"]) == len(body)
+    parts = parse_multipart(body, upload.headers["content-type"])
+    assert [(n, f) for n, f, _ in parts] == [
+        ("files", "README.md"),
+        ("files", "adapter_config.json"),
+        ("files", "adapter_model.safetensors"),
+    ]
+    for _, fname, content in parts:
+        assert content == (d / fname).read_bytes()
+
+
+def test_push_without_base_to_missing_adapter_says_how(api: FakeAPI, tmp_path: Path) -> None:
+    d = write_adapter(tmp_path / "ad")
+    api.on("GET", "/adapters/bot", 404, {"error": {"code": "adapter_not_found", "message": "no adapter"}})
+    res = run_cli(["adapters", "push", str(d), "-a", "bot", "--create"])
+    assert res.exit_code == 1
+    assert "--create needs --base" in res.stderr
+    # a base mismatch with an existing adapter is refused before uploading
+    api.on("GET", "/adapters/bot", 200, {**ADAPTER, "id": "bot", "base_model": "llama"})
+    res = run_cli(["adapters", "push", str(d), "-a", "bot", "--base", "demo-base"])
+    assert res.exit_code == 1
+    assert "belongs to base model 'llama'" in res.stderr
+    assert not any(r.method == "POST" for r in api.requests)
+
+
+def test_multipart_upload_reads_in_chunks_and_reports_progress(tmp_path: Path) -> None:
+    f = tmp_path / "big.bin"
+    f.write_bytes(b"x" * 10_000)
+    seen: list[int] = []
+    body = MultipartUpload([f], progress=seen.append, chunk_bytes=4096)
+    chunks = list(body)
+    assert sum(seen) == 10_000 and max(seen) <= 4096 and len(seen) == 3
+    assert len(b"".join(chunks)) == len(body)
+
+
+def test_promote_canary_and_version_normalisation(api: FakeAPI) -> None:
+    api.on(
+        "POST",
+        "/adapters/bot/versions/v3/promote",
+        200,
+        {**ADAPTER, "id": "bot", "canary_version": "v3", "canary_weight": 10},
+    )
+    res = run_cli(["adapters", "promote", "bot", "3", "--canary", "10"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(api.bodies[-1]) == {"canary_weight": 10}
+    assert "bot v3 is now canary at 10%" in res.stdout
+    res = run_cli(["adapters", "promote", "bot", "v3", "--canary", "100"])
+    assert res.exit_code == 2  # out of range, refused locally
+    assert len(api.requests) == 1
+
+
+def test_tenant_limits_patch_body(api: FakeAPI) -> None:
+    tenant = {
+        "id": "acme",
+        "name": "acme",
+        "limits": {"rpm": None, "tpm": 1000, "max_concurrency": 4},
+        "base_model_access": False,
+        "created_at": "2026-11-29T08:00:00Z",
+    }
+    api.on("PATCH", "/tenants/acme", 200, tenant)
+    res = run_cli(["tenants", "limits", "acme", "--rpm", "none", "--tpm", "1000", "--no-base-model-access"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(api.bodies[-1]) == {"limits": {"rpm": None, "tpm": 1000}, "base_model_access": False}
+    assert "unlimited" in res.stdout
+    res = run_cli(["tenants", "limits", "acme"])
+    assert res.exit_code == 2  # nothing to change
+    res = run_cli(["tenants", "limits", "acme", "--rpm", "-3"])
+    assert res.exit_code == 2
+
+
+def test_tenant_key_prints_key_once_with_warning(api: FakeAPI) -> None:
+    api.on(
+        "POST",
+        "/tenants/acme/keys",
+        201,
+        {
+            "key_id": "k1",
+            "key": "lp_live_abcdef",
+            "prefix": "lp_live_ab",
+            "created_at": "2026-11-29T08:00:00Z",
+        },
+    )
+    res = run_cli(["tenants", "key", "acme"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip().splitlines()[-1] == "lp_live_abcdef"
+    assert "shown only now" in res.stderr
+    res = run_cli(["tenants", "key", "acme", "--json"])
+    assert json.loads(res.stdout)["key"] == "lp_live_abcdef"
+
+
+def test_base_models_add_with_shapes_file(api: FakeAPI, tmp_path: Path) -> None:
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps({"q_proj": [256, 256]}))
+    api.on(
+        "POST",
+        "/base-models",
+        201,
+        {"name": "m", "hf_id": "org/m", "max_lora_rank": 16, "target_modules": ["q_proj", "v_proj"]},
+    )
+    res = run_cli(
+        [
+            "base-models",
+            "add",
+            "m",
+            "--hf-id",
+            "org/m",
+            "--max-lora-rank",
+            "16",
+            "--target-modules",
+            "q_proj, v_proj",
+            "--module-shapes",
+            f"@{shapes}",
+        ]
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(api.bodies[-1]) == {
+        "name": "m",
+        "hf_id": "org/m",
+        "max_lora_rank": 16,
+        "target_modules": ["q_proj", "v_proj"],
+        "module_shapes": {"q_proj": [256, 256]},
+    }
+    res = run_cli(
+        [
+            "base-models",
+            "add",
+            "m",
+            "--hf-id",
+            "o/m",
+            "--max-lora-rank",
+            "16",
+            "--target-modules",
+            "q_proj",
+            "--module-shapes",
+            "{bad",
+        ]
+    )
+    assert res.exit_code == 2
+    assert len(api.requests) == 1
+
+
+def test_client_error_object() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            422,
+            json={"error": {"code": "invalid_adapter", "message": "m", "details": {"problems": ["a", "b"]}}},
+        )
+
+    with (
+        AdminClient("http://x", transport=httpx.MockTransport(handler)) as c,
+        pytest.raises(AdminAPIError) as ei,
+    ):
+        c.get_adapter("a/../b")
+    assert (ei.value.status, ei.value.code, ei.value.problems) == (422, "invalid_adapter", ["a", "b"])
