@@ -1,0 +1,234 @@
+"""Change feed: tells gateways that the registry revision moved on, so they reload the snapshot.
+
+``ChangeFeed`` (protocol)::
+
+    publish(revision)      announce a committed revision (sync; safe from any thread)
+    listen()               async iterator of revisions: first the current one once the
+                           subscription is established, then every newer one (consecutive
+                           changes may be coalesced into the latest, never lost)
+
+Implementations:
+
+- ``InProcessFeed``: one process (``loraplane up``); ``publish`` wakes every listener at once.
+- ``PostgresNotifyFeed(url, channel)``: ``pg_notify`` is sent *inside* the change transaction
+  (via ``bind_session``), so it is delivered exactly when the change commits; listeners hold a
+  psycopg async connection with ``LISTEN`` and reconnect (re-reading the revision) on failure.
+- ``PollingFeed(session_factory, interval_s)``: reads the revision every ``interval_s`` (SQLite
+  shared by several processes); ``publish`` in the same process wakes listeners at once.
+
+Writers use ``bind_feed(session, feed)`` before a change and ``publish_committed(session, feed)``
+after the commit (the admin API's request-scoped session does both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+import anyio.to_thread
+import psycopg
+from psycopg import sql
+from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from kit.db import normalize_url, session_scope
+from registry.repositories.state import NOTIFIED_KEY, NOTIFY_CHANNEL_KEY, REVISION_KEY, current_revision
+
+log = logging.getLogger("loraplane.registry.feed")
+
+DEFAULT_CHANNEL = "loraplane_registry"
+
+
+class ChangeFeed(Protocol):
+    def publish(self, revision: int) -> None: ...
+
+    def listen(self) -> AsyncIterator[int]: ...
+
+
+def bind_feed(session: Session, feed: ChangeFeed | None) -> None:
+    """Let ``feed`` join the session's transaction (PostgreSQL: pg_notify on commit)."""
+    hook = getattr(feed, "bind_session", None)
+    if hook is not None:
+        hook(session)
+
+
+def publish_committed(session: Session, feed: ChangeFeed | None) -> int | None:
+    """After a commit: publish the revision the transaction bumped to (unless already notified)."""
+    rev = session.info.pop(REVISION_KEY, None)
+    notified = session.info.pop(NOTIFIED_KEY, False)
+    if rev is not None and feed is not None and not notified:
+        feed.publish(int(rev))
+    return int(rev) if rev is not None else None
+
+
+def read_revision(session_factory: sessionmaker[Session]) -> int:
+    """The committed revision, read cheaply (SQLite: a plain autocommit SELECT, no write lock)."""
+    bind = session_factory.kw.get("bind")
+    if isinstance(bind, Engine) and bind.dialect.name == "sqlite":
+        raw = bind.raw_connection()
+        try:
+            cur = raw.cursor()
+            cur.execute("SELECT revision FROM registry_state WHERE id = 1")
+            row = cur.fetchone()
+            cur.close()
+            return int(row[0]) if row else 0
+        finally:
+            raw.close()
+    with session_scope(session_factory) as session:
+        return current_revision(session)
+
+
+class InProcessFeed:
+    """Listeners in this process, woken by ``publish`` (from any thread)."""
+
+    def __init__(self, initial_revision: Callable[[], int] | None = None) -> None:
+        self._initial = initial_revision
+        self._latest = 0
+        self._lock = threading.Lock()
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+
+    @property
+    def latest(self) -> int:
+        return self._latest
+
+    def publish(self, revision: int) -> None:
+        with self._lock:
+            if revision > self._latest:
+                self._latest = revision
+            waiters = list(self._waiters)
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(event.set)
+
+    async def _start_revision(self) -> int:
+        if self._initial is not None:
+            rev = await anyio.to_thread.run_sync(self._initial)
+            with self._lock:
+                self._latest = max(self._latest, rev)
+        return self._latest
+
+    async def _wait(self, event: asyncio.Event) -> int | None:
+        """Wait for a publish; return the revision to consider (None: nothing new)."""
+        await event.wait()
+        event.clear()
+        return self._latest
+
+    async def listen(self) -> AsyncIterator[int]:
+        event = asyncio.Event()
+        entry = (asyncio.get_running_loop(), event)
+        with self._lock:
+            self._waiters.add(entry)
+        try:
+            last = await self._start_revision()
+            yield last
+            while True:
+                rev = await self._wait(event)
+                if rev is not None and rev > last:
+                    last = rev
+                    yield rev
+        finally:
+            with self._lock:
+                self._waiters.discard(entry)
+
+
+class PollingFeed(InProcessFeed):
+    """Polls the database revision every ``interval_s``; in-process publishes wake it at once."""
+
+    def __init__(self, session_factory: sessionmaker[Session], interval_s: float = 0.05) -> None:
+        self._factory = session_factory
+        self.interval_s = max(0.005, float(interval_s))
+        super().__init__(initial_revision=lambda: read_revision(session_factory))
+
+    async def _wait(self, event: asyncio.Event) -> int | None:
+        try:
+            await asyncio.wait_for(event.wait(), timeout=self.interval_s)
+            event.clear()
+            return self._latest
+        except TimeoutError:
+            pass
+        try:
+            rev = await anyio.to_thread.run_sync(read_revision, self._factory)
+        except Exception as e:  # noqa: BLE001 - a failed poll is retried at the next tick
+            log.warning("change feed poll failed", extra={"error": str(e)})
+            return None
+        with self._lock:
+            self._latest = max(self._latest, rev)
+        return rev
+
+
+def libpq_dsn(url: str) -> str:
+    """A SQLAlchemy PostgreSQL URL as a libpq connection string for psycopg."""
+    u = make_url(normalize_url(url)).set(drivername="postgresql")
+    return u.render_as_string(hide_password=False)
+
+
+class PostgresNotifyFeed:
+    """LISTEN/NOTIFY on PostgreSQL; notifications are sent inside the change transaction."""
+
+    def __init__(self, url: str, channel: str = DEFAULT_CHANNEL, *, max_backoff_s: float = 5.0) -> None:
+        self.dsn = libpq_dsn(url)
+        self.channel = channel
+        self.max_backoff_s = max_backoff_s
+
+    def bind_session(self, session: Session) -> None:
+        session.info[NOTIFY_CHANNEL_KEY] = self.channel
+
+    def publish(self, revision: int) -> None:
+        """Out-of-transaction announcement (normally not needed: changes notify on commit)."""
+        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+            conn.execute("SELECT pg_notify(%s, %s)", (self.channel, str(revision)))
+
+    async def listen(self) -> AsyncIterator[int]:
+        last: int | None = None
+        backoff = 0.1
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self.dsn, autocommit=True, connect_timeout=5
+                ) as conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    cur = await conn.execute("SELECT revision FROM registry_state WHERE id = 1")
+                    row = await cur.fetchone()
+                    rev = int(row[0]) if row else 0
+                    backoff = 0.1
+                    if last is None or rev > last:
+                        last = rev
+                        yield rev
+                    async for note in conn.notifies():
+                        try:
+                            rev = int(note.payload)
+                        except ValueError:
+                            continue
+                        if rev > last:
+                            last = rev
+                            yield rev
+            except psycopg.Error as e:
+                log.warning(
+                    "change feed connection lost; reconnecting", extra={"error": str(e), "backoff_s": backoff}
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.max_backoff_s)
+
+
+def make_feed(settings: Any, engine: Engine, *, kind: str = "auto") -> ChangeFeed:
+    """PostgreSQL → ``PostgresNotifyFeed``; SQLite → ``PollingFeed`` (also instant in-process).
+
+    ``kind`` may force ``inprocess``, ``polling`` or ``postgres``.
+    """
+    from kit.db import make_session_factory
+
+    if kind == "auto":
+        kind = "postgres" if engine.dialect.name == "postgresql" else "polling"
+    factory = make_session_factory(engine)
+    if kind == "postgres":
+        return PostgresNotifyFeed(engine.url.render_as_string(hide_password=False))
+    if kind == "polling":
+        return PollingFeed(factory, float(getattr(settings, "feed_poll_interval_s", 0.05)))
+    if kind == "inprocess":
+        return InProcessFeed(initial_revision=lambda: read_revision(factory))
+    raise ValueError(f"unknown change feed kind {kind!r}")

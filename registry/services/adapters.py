@@ -1,0 +1,126 @@
+"""Adapters: create, describe (with versions), list with filters; version listing and lookup."""
+
+from __future__ import annotations
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from kit.errors import Conflict, InvalidRequest, NotFound
+from kit.ids import is_slug, version_number
+from registry.models import AdapterRow, VersionRow
+from registry.repositories import adapters as repo
+from registry.repositories import base_models as base_repo
+from registry.repositories.pagination import Page, clamp_limit, decode_cursor, page_of
+from registry.services.audit import record_change
+from registry.services.records import AdapterRecord, VersionRecord
+
+ADAPTER_STATUSES = ("active", "disabled")
+
+
+def require_slug(value: str, what: str) -> str:
+    if not isinstance(value, str) or not is_slug(value):
+        raise InvalidRequest(
+            f"{what} must be a slug matching ^[a-z0-9][a-z0-9._-]{{0,62}}$ without '..'",
+            details={"field": what, "value": value if isinstance(value, str) else None},
+        )
+    return value
+
+
+def parse_version(value: str) -> int:
+    n = version_number(value) if isinstance(value, str) else None
+    if n is None:
+        raise InvalidRequest("version must look like v1, v2, …", details={"field": "version", "value": value})
+    return n
+
+
+def adapter_row(session: Session, adapter_id: str, *, for_update: bool = False) -> AdapterRow:
+    require_slug(adapter_id, "adapter_id")
+    row = repo.get(session, adapter_id, for_update=for_update)
+    if row is None:
+        raise NotFound(f"adapter {adapter_id!r} not found", code="adapter_not_found")
+    return row
+
+
+def version_row(session: Session, adapter_id: str, version: str) -> VersionRow:
+    n = parse_version(version)
+    row = repo.get_version(session, adapter_id, n)
+    if row is None:
+        raise NotFound(f"version {version} of adapter {adapter_id!r} not found", code="version_not_found")
+    return row
+
+
+def create_adapter(
+    session: Session,
+    *,
+    adapter_id: str,
+    base_model: str,
+    owner: str | None,
+    description: str | None,
+    actor: str,
+) -> AdapterRecord:
+    require_slug(adapter_id, "id")
+    if base_repo.get(session, base_model) is None:
+        raise InvalidRequest(f"base model {base_model!r} is not registered", details={"field": "base_model"})
+    if repo.get(session, adapter_id) is not None:
+        raise Conflict(f"adapter {adapter_id!r} already exists", code="adapter_exists")
+    try:
+        row = repo.add(
+            session,
+            AdapterRow(
+                id=adapter_id, base_model=base_model, owner=owner, description=description, status="active"
+            ),
+        )
+    except IntegrityError:
+        raise Conflict(f"adapter {adapter_id!r} already exists", code="adapter_exists") from None
+    record_change(
+        session,
+        actor=actor,
+        action="adapter.created",
+        subject_type="adapter",
+        subject_id=adapter_id,
+        details={"base_model": base_model, "owner": owner},
+    )
+    return AdapterRecord.of(row)
+
+
+def describe_adapter(session: Session, adapter_id: str) -> AdapterRecord:
+    row = adapter_row(session, adapter_id)
+    return AdapterRecord.of(row, repo.versions_of(session, adapter_id))
+
+
+def get_adapter(session: Session, adapter_id: str) -> AdapterRecord:
+    return AdapterRecord.of(adapter_row(session, adapter_id))
+
+
+def list_adapters(
+    session: Session,
+    *,
+    limit: int | None = None,
+    cursor: str | None = None,
+    base_model: str | None = None,
+    owner: str | None = None,
+    status: str | None = None,
+) -> Page[AdapterRecord]:
+    if status is not None and status not in ADAPTER_STATUSES:
+        raise InvalidRequest("status must be one of active, disabled", details={"field": "status"})
+    n = clamp_limit(limit)
+    rows = repo.list_rows(
+        session, limit=n, after=decode_cursor(cursor, str), base_model=base_model, owner=owner, status=status
+    )
+    items, nxt = page_of(rows, n, lambda r: r.id)
+    return Page([AdapterRecord.of(r) for r in items], nxt)
+
+
+def list_versions(
+    session: Session, adapter_id: str, *, limit: int | None = None, cursor: str | None = None
+) -> Page[VersionRecord]:
+    adapter_row(session, adapter_id)
+    n = clamp_limit(limit)
+    rows = repo.list_versions(session, adapter_id, limit=n, after=decode_cursor(cursor, int))
+    items, nxt = page_of(rows, n, lambda r: r.number)
+    return Page([VersionRecord.of(r) for r in items], nxt)
+
+
+def get_version(session: Session, adapter_id: str, version: str) -> VersionRecord:
+    adapter_row(session, adapter_id)
+    return VersionRecord.of(version_row(session, adapter_id, version))

@@ -1,0 +1,227 @@
+"""The state machine of SPEC §4 / §13: promote, canary, rollback, kill switches.
+
+Every function locks the adapter row first (``SELECT … FOR UPDATE`` on PostgreSQL; SQLite
+serialises writers with ``BEGIN IMMEDIATE``), reads the versions after the lock, changes them in
+an order that never has two active (or two canary) versions even between statements (the
+partial unique indexes would refuse it), and records the change (audit + revision) in the
+same transaction. Each returns the adapter as described (with its versions).
+
+Version statuses: ``ready`` → ``canary`` / ``active`` → ``retired``; any → ``disabled``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from kit.errors import Conflict, InvalidRequest, NotFound
+from kit.ids import version_name
+from registry.models import AdapterRow, VersionRow
+from registry.repositories import adapters as repo
+from registry.services.adapters import adapter_row, parse_version
+from registry.services.audit import record_change
+from registry.services.records import AdapterRecord
+
+
+class _State:
+    """The locked adapter and its versions, with helpers that keep both sides in sync."""
+
+    def __init__(self, session: Session, adapter_id: str) -> None:
+        self.session = session
+        self.adapter: AdapterRow = adapter_row(session, adapter_id, for_update=True)
+        self.versions: dict[int, VersionRow] = {v.number: v for v in repo.versions_of(session, adapter_id)}
+
+    def with_status(self, status: str) -> VersionRow | None:
+        for v in self.versions.values():
+            if v.status == status:
+                return v
+        return None
+
+    def version(self, version: str) -> VersionRow:
+        n = parse_version(version)
+        row = self.versions.get(n)
+        if row is None:
+            raise NotFound(
+                f"version {version} of adapter {self.adapter.id!r} not found", code="version_not_found"
+            )
+        return row
+
+    def clear_canary(self) -> str | None:
+        """Send the canary (if any) back to ``ready``; returns its name."""
+        canary = self.with_status("canary")
+        self.adapter.canary_version = None
+        self.adapter.canary_weight = None
+        if canary is None:
+            return None
+        canary.status = "ready"
+        repo.flush(self.session)
+        return version_name(canary.number)
+
+    def rollback_target(self, start: VersionRow) -> VersionRow | None:
+        """Follow ``rollback_to`` from ``start``, skipping disabled versions (cycle-safe)."""
+        seen = {start.number}
+        nxt = start.rollback_to
+        while nxt is not None and nxt not in seen:
+            seen.add(nxt)
+            cand = self.versions.get(nxt)
+            if cand is None:
+                return None
+            if cand.status != "disabled":
+                return cand
+            nxt = cand.rollback_to
+        return None
+
+    def activate(
+        self, target: VersionRow, *, retire: VersionRow | None, retire_status: str = "retired"
+    ) -> None:
+        if retire is not None:
+            retire.status = retire_status
+            repo.flush(self.session)
+        target.status = "active"
+        self.adapter.active_version = target.number
+        repo.flush(self.session)
+
+    def describe(self) -> AdapterRecord:
+        return AdapterRecord.of(self.adapter, sorted(self.versions.values(), key=lambda v: v.number))
+
+
+def promote(
+    session: Session, adapter_id: str, version: str, *, canary_weight: int | None = None, actor: str
+) -> AdapterRecord:
+    st = _State(session, adapter_id)
+    target = st.version(version)
+    name = version_name(target.number)
+    if target.status == "disabled":
+        raise Conflict(f"version {name} is disabled and cannot be promoted", code="version_disabled")
+    if target.status == "active":
+        raise Conflict(f"version {name} is already the active version", code="already_active")
+    active = st.with_status("active")
+
+    if canary_weight is not None:
+        if isinstance(canary_weight, bool) or not 1 <= canary_weight <= 99:
+            raise InvalidRequest(
+                "canary_weight must be an integer from 1 to 99", details={"field": "canary_weight"}
+            )
+        if active is None:
+            raise Conflict(
+                f"adapter {adapter_id!r} has no active version to split traffic with",
+                code="no_active_version",
+            )
+        current = st.with_status("canary")
+        replaced = None
+        if current is not None and current.number != target.number:
+            replaced = st.clear_canary()
+        target.status = "canary"
+        st.adapter.canary_version = target.number
+        st.adapter.canary_weight = canary_weight
+        repo.flush(session)
+        record_change(
+            session,
+            actor=actor,
+            action="version.canary",
+            subject_type="adapter",
+            subject_id=adapter_id,
+            details={"version": name, "canary_weight": canary_weight, "replaced": replaced},
+        )
+        return st.describe()
+
+    cleared = None
+    if st.with_status("canary") is not None and st.with_status("canary") is not target:
+        cleared = st.clear_canary()
+    elif target.status == "canary":
+        st.adapter.canary_version = None
+        st.adapter.canary_weight = None
+    target.rollback_to = active.number if active is not None else None
+    st.activate(target, retire=active)
+    record_change(
+        session,
+        actor=actor,
+        action="version.promoted",
+        subject_type="adapter",
+        subject_id=adapter_id,
+        details={
+            "version": name,
+            "previous": version_name(active.number) if active is not None else None,
+            "canary_cleared": cleared,
+        },
+    )
+    return st.describe()
+
+
+def rollback(session: Session, adapter_id: str, *, actor: str) -> AdapterRecord:
+    st = _State(session, adapter_id)
+    active = st.with_status("active")
+    target = st.rollback_target(active) if active is not None else None
+    if active is None or target is None:
+        raise Conflict(f"adapter {adapter_id!r} has no version to roll back to", code="no_rollback_target")
+    cleared = st.clear_canary()
+    st.activate(target, retire=active)
+    record_change(
+        session,
+        actor=actor,
+        action="adapter.rolled_back",
+        subject_type="adapter",
+        subject_id=adapter_id,
+        details={
+            "version": version_name(target.number),
+            "from": version_name(active.number),
+            "canary_cleared": cleared,
+        },
+    )
+    return st.describe()
+
+
+def disable_version(session: Session, adapter_id: str, version: str, *, actor: str) -> AdapterRecord:
+    st = _State(session, adapter_id)
+    target = st.version(version)
+    name = version_name(target.number)
+    if target.status == "disabled":
+        return st.describe()
+    rolled_back_to = None
+    was = target.status
+    if was == "active":
+        back = st.rollback_target(target)
+        st.clear_canary()
+        if back is not None:
+            st.activate(back, retire=target, retire_status="disabled")
+            rolled_back_to = version_name(back.number)
+        else:
+            target.status = "disabled"
+            st.adapter.active_version = None
+            repo.flush(session)
+    else:
+        if was == "canary":
+            st.adapter.canary_version = None
+            st.adapter.canary_weight = None
+        target.status = "disabled"
+        repo.flush(session)
+    record_change(
+        session,
+        actor=actor,
+        action="version.disabled",
+        subject_type="adapter",
+        subject_id=adapter_id,
+        details={"version": name, "previous_status": was, "rolled_back_to": rolled_back_to},
+    )
+    return st.describe()
+
+
+def set_adapter_enabled(session: Session, adapter_id: str, enabled: bool, *, actor: str) -> AdapterRecord:
+    """The kill switch. Disabling keeps active/canary as they are, so enabling restores them."""
+    st = _State(session, adapter_id)
+    want = "active" if enabled else "disabled"
+    if st.adapter.status == want:
+        return st.describe()
+    st.adapter.status = want
+    repo.flush(session)
+    record_change(
+        session,
+        actor=actor,
+        action="adapter.enabled" if enabled else "adapter.disabled",
+        subject_type="adapter",
+        subject_id=adapter_id,
+        details={
+            "active_version": version_name(st.adapter.active_version) if st.adapter.active_version else None,
+            "canary_version": version_name(st.adapter.canary_version) if st.adapter.canary_version else None,
+        },
+    )
+    return st.describe()
