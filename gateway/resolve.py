@@ -33,7 +33,7 @@ class Resolution:
 
 
 def split_model(model: str) -> tuple[str, str | None, str | None]:
-    """``"b:a@v2"`` → ``("b", "a", "v2")``; ``"b:a"`` → ``("b", "a", None)``; ``"b"`` → ``("b", None, None)``."""
+    """Split a model string: ``"b:a@v2"`` → ``("b", "a", "v2")``, ``"b"`` → ``("b", None, None)``."""
     base, sep, rest = model.partition(":")
     if not sep:
         return base, None, None

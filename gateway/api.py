@@ -1,0 +1,519 @@
+"""The OpenAI-compatible public API as a lean ASGI app (SPEC §6, §7, §13).
+
+A completion request reads top to bottom in :meth:`GatewayApp.completion`:
+auth → parse → resolve model → admit (rate limits) → ``router.forward`` → answer (JSON, or SSE
+passed through chunk by chunk) → settle limits, metrics, one JSON log line.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+``GET /healthz``, ``GET /readyz``, ``GET /metrics``. Every answer carries ``x-request-id``
+(the client's, echoed, when it is sane); adapter answers carry ``x-loraplane-adapter-version``;
+the completion endpoints carry the ``x-ratelimit-*`` headers for an authenticated tenant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gateway.asgi import Receive, Scope, Send, header_map, read_body, send_bytes, stream_out
+from gateway.errors import GatewayError, error_body
+from gateway.parse import Endpoint, estimate_tokens, parse_request
+from gateway.ratelimit import (
+    AdmitResult,
+    Lease,
+    LimiterUnavailable,
+    make_plan,
+    rate_limit_headers,
+    rejection_message,
+)
+from gateway.resolve import Resolution, resolve
+from gateway.service import Gateway
+from registry.snapshot import RoutingSnapshot, TenantInfo
+from router.contract import ForwardRequest, ForwardResult, RouterError
+
+log = logging.getLogger("loraplane.gateway.access")
+
+_COMPLETIONS: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat/completions",
+    "/v1/completions": "completions",
+}
+_SSE = b"text/event-stream; charset=utf-8"
+
+
+def _request_id(headers: dict[bytes, bytes]) -> bytes:
+    rid = headers.get(b"x-request-id")
+    if rid and len(rid) <= 200 and all(0x21 <= c <= 0x7E for c in rid):
+        return rid
+    return uuid.uuid4().hex.encode()
+
+
+@dataclass(slots=True)
+class _Ctx:
+    """What the request's log line and metrics need, filled in as the request goes."""
+
+    request_id: bytes
+    endpoint: str
+    t0: float
+    tenant: str = ""
+    model: str = ""
+    adapter: str = ""
+    version: str = ""
+    replica: str = ""
+    status: int = 0
+    error: str = ""
+    stream: bool = False
+    cold_load: bool = False
+    queue_s: float = 0.0
+    ttft_s: float | None = None
+    chunks: int = 0
+    t_first: float = 0.0
+    t_last: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+class GatewayApp:
+    """ASGI callable. ``manage_lifecycle`` starts/stops the gateway on ASGI lifespan events."""
+
+    def __init__(self, gateway: Gateway, *, manage_lifecycle: bool = True) -> None:
+        self.gw = gateway
+        self.manage_lifecycle = manage_lifecycle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self.http(scope, receive, send)
+        elif kind == "lifespan":
+            await self.lifespan(receive, send)
+
+    async def lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    if self.manage_lifecycle:
+                        await self.gw.start()
+                except Exception as e:  # reported to the server, which exits
+                    await send({"type": "lifespan.startup.failed", "message": f"{type(e).__name__}: {e}"})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                if self.manage_lifecycle:
+                    await self.gw.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        headers = header_map(scope)
+        endpoint = _COMPLETIONS.get(path)
+        if endpoint is not None:
+            if method != "POST":
+                return await self._plain_error(
+                    send, headers, GatewayError(405, "method_not_allowed", "use POST")
+                )
+            return await self.completion(endpoint, receive, send, headers)
+        if method not in ("GET", "HEAD"):
+            if path in ("/v1/models", "/healthz", "/readyz", "/metrics"):
+                return await self._plain_error(
+                    send, headers, GatewayError(405, "method_not_allowed", "use GET")
+                )
+            return await self._plain_error(send, headers, GatewayError(404, "not_found", f"no route {path}"))
+        if path == "/v1/models":
+            return await self.models(send, headers)
+        if path == "/healthz":
+            return await send_bytes(send, 200, b'{"status":"ok"}', [(b"x-request-id", _request_id(headers))])
+        if path == "/readyz":
+            return await self.readyz(send, headers)
+        if path == "/metrics":
+            return await send_bytes(
+                send, 200, self.gw.metrics.render(), [(b"x-request-id", _request_id(headers))],
+                b"text/plain; version=0.0.4; charset=utf-8",
+            )  # fmt: skip
+        return await self._plain_error(send, headers, GatewayError(404, "not_found", f"no route {path}"))
+
+    async def _plain_error(self, send: Send, headers: dict[bytes, bytes], err: GatewayError) -> None:
+        await send_bytes(send, err.status, err.body(), [(b"x-request-id", _request_id(headers))])
+
+    # ------------------------------------------------------------------ completions
+
+    async def completion(
+        self, endpoint: Endpoint, receive: Receive, send: Send, headers: dict[bytes, bytes]
+    ) -> None:
+        gw = self.gw
+        ctx = _Ctx(_request_id(headers), endpoint, time.perf_counter())
+        tenant: TenantInfo | None = None
+        lease: Lease | None = None
+        try:
+            raw = await read_body(receive, headers, gw.settings.max_body_bytes)
+            snap = self._snapshot()
+            auth = headers.get(b"authorization")
+            tenant = gw.auth.authenticate(snap, auth.decode("latin-1") if auth else None)
+            ctx.tenant = tenant.id
+            try:
+                req = parse_request(raw, endpoint)
+                ctx.model, ctx.stream = req.model, req.stream
+                res = resolve(snap, tenant, req.model, user=req.user, rand=gw.rand)
+            except GatewayError:
+                await self._peek_headers(ctx, tenant)
+                raise
+            if res.version is not None:
+                ctx.adapter, ctx.version = res.version.adapter_id, res.version.version
+            est = estimate_tokens(
+                req,
+                default_max_tokens=gw.settings.default_max_tokens,
+                chars_per_token=gw.settings.chars_per_token,
+            )
+            lease = await self._admit(ctx, tenant, res, est)
+            fwd = ForwardRequest(
+                request_id=ctx.request_id.decode(),
+                tenant_id=tenant.id,
+                base_model=res.base_model,
+                version=res.version,
+                endpoint=endpoint,
+                body=req.body,
+                client_model=req.model,
+                stream=req.stream,
+                client_wants_usage=req.include_usage,
+                want_usage=True,
+            )
+            result = await self._forward(fwd, res)
+        except GatewayError as e:
+            if lease is not None:
+                await self._settle(lease, 0)
+            return await self._error(send, ctx, e)
+        except BaseException:
+            if lease is not None:
+                await asyncio.shield(self._settle(lease, 0))
+            raise
+        ctx.replica, ctx.cold_load, ctx.queue_s = result.replica, result.cold_load, result.queue_s
+        out_headers = [(b"x-request-id", ctx.request_id), *ctx.headers]
+        if res.version is not None:
+            out_headers.append((b"x-loraplane-adapter-version", res.version.version.encode()))
+        if result.status >= 400:
+            return await self._upstream_error(send, ctx, result, lease, out_headers)
+        if result.stream is not None and req.stream:
+            return await self._stream(receive, send, ctx, result, lease, out_headers)
+        body = result.body or b""
+        ctx.status = result.status
+        self._usage(ctx, result)
+        await self._settle(lease, self._total(ctx))
+        try:
+            await send_bytes(send, result.status, body, out_headers, _content_type(result))
+        finally:
+            self._finish(ctx)
+
+    def _snapshot(self) -> RoutingSnapshot:
+        snap = self.gw.table.snapshot
+        if snap is None:
+            raise GatewayError(503, "not_ready", "The routing table is not loaded yet.", retry_after=1)
+        return snap
+
+    async def _peek_headers(self, ctx: _Ctx, tenant: TenantInfo) -> None:
+        """Rate-limit headers for an answer that was not admitted (nothing consumed)."""
+        lim = tenant.limits
+        if lim.rpm is None and lim.tpm is None:
+            return
+        plan = make_plan(
+            tenant_id=tenant.id, rpm=lim.rpm, tpm=lim.tpm, max_concurrency=None, estimated_tokens=0
+        )
+        try:
+            ctx.headers = rate_limit_headers(await self.gw.limiter.peek(plan))
+        except LimiterUnavailable:
+            self.gw.limiter_failed(True)
+
+    async def _admit(self, ctx: _Ctx, tenant: TenantInfo, res: Resolution, est: int) -> Lease | None:
+        gw = self.gw
+        lim = tenant.limits
+        grant = res.grant
+        plan = make_plan(
+            tenant_id=tenant.id, rpm=lim.rpm, tpm=lim.tpm, max_concurrency=lim.max_concurrency,
+            estimated_tokens=est, adapter_id=res.adapter.id if res.adapter else None,
+            grant_rpm=grant.rpm if grant else None, grant_tpm=grant.tpm if grant else None,
+        )  # fmt: skip
+        if not plan.buckets and plan.concurrency_key is None:
+            return None
+        try:
+            adm: AdmitResult = await gw.limiter.admit(plan)
+        except LimiterUnavailable:
+            gw.limiter_failed(True)
+            gw.metrics.limiter_errors.labels(gw.settings.ratelimit_on_error).inc()
+            if gw.settings.ratelimit_on_error == "open":
+                return None
+            raise GatewayError(
+                503, "rate_limiter_unavailable",
+                "The rate-limit store is unreachable and the gateway is configured to fail closed "
+                "(LORAPLANE_RATELIMIT_ON_ERROR=closed).", retry_after=1,
+            ) from None  # fmt: skip
+        if gw.limiter_down:
+            gw.limiter_failed(False)
+        ctx.headers = rate_limit_headers(adm.states)
+        if not adm.admitted:
+            gw.metrics.ratelimited.labels(
+                gw.metrics.tenant(tenant.id), adm.rejected_kind or "", adm.rejected_scope or ""
+            ).inc()
+            raise GatewayError(
+                429,
+                "rate_limit_exceeded",
+                rejection_message(adm),
+                retry_after=max(1, math.ceil(adm.retry_after_s)),
+            )
+        return adm.lease
+
+    async def _forward(self, fwd: ForwardRequest, res: Resolution) -> ForwardResult:
+        gw = self.gw
+        try:
+            with gw.cold.enter(res.version):
+                async with asyncio.timeout(gw.settings.request_timeout_s):
+                    result = await gw.router.forward(fwd)
+        except RouterError as e:
+            raise GatewayError(e.status, e.code, e.message, retry_after=e.retry_after) from None
+        except TimeoutError:
+            raise GatewayError(504, "upstream_timeout", "The replica did not answer in time.") from None
+        if res.version is not None:
+            gw.cold.seen(res.version)
+        if result.cold_load and res.version is not None:
+            gw.metrics.cold_wait.labels(res.version.adapter_id, res.version.version).observe(result.queue_s)
+        return result
+
+    async def _settle(self, lease: Lease | None, actual_tokens: int | None) -> None:
+        if lease is None:
+            return
+        try:
+            await self.gw.limiter.settle(lease, actual_tokens)
+        except LimiterUnavailable:
+            self.gw.limiter_failed(True)
+        except Exception:  # settlement must never break an answer
+            log.exception("rate-limit settlement failed")
+
+    @staticmethod
+    def _usage(ctx: _Ctx, result: ForwardResult) -> None:
+        if result.usage is not None:
+            ctx.prompt_tokens = result.usage.prompt_tokens
+            ctx.completion_tokens = result.usage.completion_tokens
+
+    @staticmethod
+    def _total(ctx: _Ctx) -> int | None:
+        if ctx.prompt_tokens is None:
+            return None
+        return ctx.prompt_tokens + (ctx.completion_tokens or 0)
+
+    async def _stream(
+        self, receive: Receive, send: Send, ctx: _Ctx, result: ForwardResult, lease: Lease | None,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:  # fmt: skip
+        assert result.stream is not None
+        ctx.status = result.status
+        headers = [(b"content-type", _SSE), (b"cache-control", b"no-cache"), *headers]
+
+        def on_chunk() -> None:
+            now = time.perf_counter()
+            if ctx.chunks == 0:
+                ctx.t_first = now
+                ctx.ttft_s = now - ctx.t0
+            ctx.t_last = now
+            ctx.chunks += 1
+
+        async def finalize(disconnected: bool) -> None:
+            aclose = getattr(result.stream, "aclose", None)
+            if aclose is not None:
+                try:
+                    await aclose()
+                except Exception:  # closing a broken upstream is best effort
+                    log.debug("closing the upstream stream failed", exc_info=True)
+            if disconnected:
+                ctx.error = "client_disconnected"
+                ctx.status = 499
+            self._usage(ctx, result)
+            await self._settle(lease, self._total(ctx))
+            self._finish(ctx)
+
+        await stream_out(receive, send, result.status, headers, result.stream, on_chunk, finalize)
+
+    async def _upstream_error(
+        self, send: Send, ctx: _Ctx, result: ForwardResult, lease: Lease | None,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:  # fmt: skip
+        """A replica's own error answer, in our error shape (400 stays 400; others become 502)."""
+        body = result.body or b""
+        if result.stream is not None:
+            parts: list[bytes] = []
+            try:
+                async for chunk in result.stream:
+                    parts.append(chunk)
+                    if sum(map(len, parts)) > 65536:
+                        break
+            finally:
+                aclose = getattr(result.stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            body = b"".join(parts)
+        message = "the replica refused the request"
+        try:
+            data = orjson.loads(body)
+            err = data.get("error", data) if isinstance(data, dict) else None
+            if isinstance(err, dict) and isinstance(err.get("message"), str):
+                message = err["message"]
+            elif isinstance(data, dict) and isinstance(data.get("detail"), str):
+                message = data["detail"]
+        except orjson.JSONDecodeError:
+            pass
+        await self._settle(lease, 0)
+        if result.status in (400, 413, 422):
+            status, code = 400, "invalid_request"
+        else:
+            status, code = 502, "upstream_error"
+            message = f"replica error {result.status}: {message}"
+        ctx.status, ctx.error = status, code
+        try:
+            await send_bytes(send, status, error_body(status, code, message), headers)
+        finally:
+            self._finish(ctx)
+
+    async def _error(self, send: Send, ctx: _Ctx, err: GatewayError) -> None:
+        ctx.status, ctx.error = err.status, err.code
+        headers = [(b"x-request-id", ctx.request_id), *ctx.headers]
+        if err.retry_after is not None:
+            headers.append((b"retry-after", str(err.retry_after).encode()))
+        try:
+            await send_bytes(send, err.status, err.body(), headers)
+        finally:
+            self._finish(ctx)
+
+    def _finish(self, ctx: _Ctx) -> None:
+        """Metrics and the one structured log line of this request."""
+        m = self.gw.metrics
+        now = time.perf_counter()
+        latency = now - ctx.t0
+        tenant = m.tenant(ctx.tenant)
+        m.requests.labels(tenant, ctx.adapter, ctx.version, ctx.endpoint, str(ctx.status)).inc()
+        if ctx.error:
+            m.errors.labels(tenant, ctx.adapter, ctx.version, ctx.error).inc()
+        elif ctx.status < 400:
+            m.latency.labels(tenant, ctx.adapter, ctx.version).observe(latency)
+            m.queue.labels(tenant, ctx.adapter, ctx.version).observe(ctx.queue_s)
+            if ctx.ttft_s is not None:
+                m.ttft.labels(tenant, ctx.adapter, ctx.version).observe(ctx.ttft_s)
+                if ctx.chunks > 2:
+                    m.itl.labels(tenant, ctx.adapter, ctx.version).observe(
+                        (ctx.t_last - ctx.t_first) / (ctx.chunks - 1)
+                    )
+            if ctx.prompt_tokens is not None:
+                m.tokens.labels(tenant, ctx.adapter, ctx.version, "prompt").inc(ctx.prompt_tokens)
+                m.tokens.labels(tenant, ctx.adapter, ctx.version, "completion").inc(
+                    ctx.completion_tokens or 0
+                )
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "request",
+                extra={
+                    "request_id": ctx.request_id.decode(),
+                    "endpoint": ctx.endpoint,
+                    "tenant": ctx.tenant or None,
+                    "model": ctx.model or None,
+                    "adapter": ctx.adapter or None,
+                    "version": ctx.version or None,
+                    "replica": ctx.replica or None,
+                    "status": ctx.status,
+                    "error": ctx.error or None,
+                    "stream": ctx.stream,
+                    "latency_ms": round(latency * 1000, 3),
+                    "ttft_ms": round(ctx.ttft_s * 1000, 3) if ctx.ttft_s is not None else None,
+                    "queue_ms": round(ctx.queue_s * 1000, 3),
+                    "prompt_tokens": ctx.prompt_tokens,
+                    "completion_tokens": ctx.completion_tokens,
+                    "cold_load": ctx.cold_load,
+                },
+            )
+
+    # ------------------------------------------------------------------ other routes
+
+    async def models(self, send: Send, headers: dict[bytes, bytes]) -> None:
+        rid = _request_id(headers)
+        try:
+            snap = self._snapshot()
+            auth = headers.get(b"authorization")
+            tenant = self.gw.auth.authenticate(snap, auth.decode("latin-1") if auth else None)
+        except GatewayError as e:
+            return await send_bytes(send, e.status, e.body(), [(b"x-request-id", rid)])
+        await send_bytes(send, 200, orjson.dumps(list_models(snap, tenant)), [(b"x-request-id", rid)])
+
+    async def readyz(self, send: Send, headers: dict[bytes, bytes]) -> None:
+        gw = self.gw
+        table = gw.table.status()
+        router_ready = gw.router_ready()
+        limiter_ok = await gw.limiter.healthy()
+        gw.limiter_failed(not limiter_ok)
+        mode = gw.settings.ratelimit_on_error
+        ready = table["loaded"] and router_ready and (limiter_ok or mode == "open")
+        reasons = []
+        if not table["loaded"]:
+            reasons.append("routing table not loaded")
+        if table["stale"]:
+            reasons.append("registry unreachable: serving a stale routing snapshot")
+        if not router_ready:
+            reasons.append("no healthy replica")
+        if not limiter_ok:
+            reasons.append(
+                f"rate-limit store unreachable: ratelimit_on_error={mode} "
+                + ("(admitting without limits)" if mode == "open" else "(refusing requests)")
+            )
+        body: dict[str, Any] = {
+            "ready": bool(ready),
+            "reasons": reasons,
+            "routing_table": table,
+            "replicas_healthy": gw.healthy_replicas(),
+            "ratelimit": {"backend": gw.limiter.name, "healthy": limiter_ok, "on_error": mode},
+        }
+        await send_bytes(
+            send, 200 if ready else 503, orjson.dumps(body), [(b"x-request-id", _request_id(headers))]
+        )
+
+
+def list_models(snap: RoutingSnapshot, tenant: TenantInfo) -> dict[str, Any]:
+    """OpenAI's model list: granted, enabled adapters with an active version; bases with access."""
+    data: list[dict[str, Any]] = []
+    if tenant.base_model_access:
+        for name in sorted(snap.base_models):
+            data.append({"id": name, "object": "model", "created": 0, "owned_by": "loraplane"})
+    for adapter_id in sorted(tenant.grants):
+        a = snap.adapters.get(adapter_id)
+        if (
+            a is None
+            or a.status != "active"
+            or a.active_version is None
+            or a.active_version not in a.versions
+        ):
+            continue
+        data.append(
+            {
+                "id": f"{a.base_model}:{a.id}",
+                "object": "model",
+                "created": 0,
+                "owned_by": "loraplane",
+                "root": a.base_model,
+                "parent": a.base_model,
+            }
+        )
+    return {"object": "list", "data": data}
+
+
+def _content_type(result: ForwardResult) -> bytes:
+    for k, v in result.headers.items():
+        if k.lower() == "content-type":
+            return v.encode()
+    return b"application/json"
+
+
+def create_gateway_app(gateway: Gateway, *, manage_lifecycle: bool = True) -> GatewayApp:
+    """The ASGI app serving ``gateway`` (lifespan events start/stop it when ``manage_lifecycle``)."""
+    return GatewayApp(gateway, manage_lifecycle=manage_lifecycle)
