@@ -75,11 +75,12 @@ def load_fraction(view: ReplicaView) -> float:
 class PickContext:
     """What plugins see for one pick: the request, the candidate views and derived lookups."""
 
-    __slots__ = ("now", "replicas", "request", "targets")
+    __slots__ = ("all_replicas", "now", "replicas", "request", "targets")
 
     def __init__(self, request: PlacementRequest, replicas: list[ReplicaView], now: float) -> None:
         self.request = request
-        self.replicas = replicas
+        self.all_replicas = replicas  # the whole snapshot, before any filter
+        self.replicas = replicas  # the candidates left by the filters so far
         self.now = now
         # The requested adapter's Resident record on each replica (None: absent / base request).
         name = request.lora_name
@@ -219,7 +220,12 @@ class SchedulerProfile:
         if target is not None and target.state in PRESENT:
             reason = "resident" if target.state == "resident" else f"joining {target.state}"
             return Decision(replica=view.url, action="hit", scores=scores, reason=reason)
-        elsewhere = any(t is not None and t.state == "resident" for t in ctx.targets)
+        elsewhere = False
+        for v in ctx.all_replicas:
+            other = v.residents.get(name)
+            if other is not None and other.state == "resident":
+                elsewhere = True
+                break
         action: Action = "replicate" if elsewhere else "load"
         s = summary(view)
         need = s.occupied - view.max_adapters + 1

@@ -69,7 +69,7 @@ class HotCopyEvictor(Evictor):
             if len(chosen) == need:
                 break
             demand = 0
-            for other in ctx.replicas:
+            for other in ctx.all_replicas:
                 o = other.residents.get(r.lora_name)
                 if o is not None:
                     demand += o.inflight

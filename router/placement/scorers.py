@@ -114,7 +114,7 @@ class RunningSetScorer(Scorer):
     |------------------------------------------------------------------|--------------------------|
     | base-model request (never limited by max_loras)                  | 1.0                      |
     | A already has requests in flight there (shares its slot)         | 1.0                      |
-    | running set has room (k distinct adapters in flight < max_loras) | 0.5 + 0.4 × (1 − k/max)  |
+    | running set has room (k distinct adapters in flight < max_loras) | 0.7 + 0.2 × (1 − k/max)  |
     | running set full (A would be deferred behind the others)         | 0.0                      |
     """
 
@@ -133,7 +133,7 @@ class RunningSetScorer(Scorer):
                 continue
             k = summary(v).running
             if k < v.max_loras:
-                out[i] = 0.5 + 0.4 * (1.0 - k / v.max_loras)
+                out[i] = 0.7 + 0.2 * (1.0 - k / v.max_loras)
         return out
 
 
@@ -144,7 +144,7 @@ class FreeSlotScorer(Scorer):
     |--------------------------------------------------------------------|----------------------------|
     | A present (staging/loading/resident) or base-model request         | 1.0                        |
     | fewer than max_adapters registered (free slot)                     | 1.0                        |
-    | at max_adapters, LRU idle adapter unused for ``t`` seconds         | 0.2 + 0.6 × min(1, t/H)    |
+    | at max_adapters, LRU idle adapter unused for ``t`` seconds         | 0.1 + 0.5 × min(1, t/H)    |
     | at max_adapters, nothing idle to evict                             | 0.0                        |
 
     ``H`` is ``idle_horizon_s`` (default 60 s): evicting an adapter used a moment ago is costly
@@ -176,7 +176,7 @@ class FreeSlotScorer(Scorer):
             elif s.idle_lru:
                 idle_for = now - s.idle_lru[0].last_used
                 f = idle_for / horizon
-                out[i] = 0.2 + 0.6 * (1.0 if f > 1.0 else (f if f > 0.0 else 0.0))
+                out[i] = 0.1 + 0.5 * (1.0 if f > 1.0 else (f if f > 0.0 else 0.0))
         return out
 
 
