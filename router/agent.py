@@ -1,0 +1,245 @@
+"""``loraplane agent``: the replica-side stager.
+
+A small HTTP service that runs beside a replica and writes verified adapter files into the
+replica's staging volume for the router's ``agent`` staging mode. Every name is checked
+(``ADAPTER@vN-sha8`` directories, plain file names) and every path resolved inside the
+staging directory; nothing else on disk can be touched.
+
+Endpoints (bearer token when one is configured):
+
+- ``PUT /v1/staging/{lora_name}/files/{name}?sha256=…&upload=…``: streamed body written to
+  ``.tmp-<lora_name>-<upload>/<name>.part``, hashed, renamed on a match; 422 ``hash_mismatch``
+  (with ``expected`` / ``actual``) otherwise, and the part is deleted.
+- ``POST /v1/staging/{lora_name}/commit?upload=…`` body ``{"files": [{"name", "sha256"}]}``:
+  re-hashes the upload directory and renames it to ``<lora_name>/``; answers ``{"path", "root"}``.
+- ``POST /v1/staging/{lora_name}/verify`` (same body): 200 ``{"path", "root"}`` when the staged
+  copy is complete and every hash matches; 404 when absent; 409 (and the copy is deleted)
+  when it no longer matches.
+- ``DELETE /v1/staging/{lora_name}``: removes the staged copy. ``GET /healthz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import orjson
+import typer
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from router.staging import FILE_NAME_RE, _hash_file
+from router.store import LORA_NAME_RE
+
+log = logging.getLogger("loraplane.agent")
+UPLOAD_RE = re.compile(r"^[0-9a-f]{8,64}$")
+SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _json(status: int, data: dict[str, Any]) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _err(status: int, code: str, message: str, **extra: Any) -> Response:
+    return _json(status, {"error": {"code": code, "message": message}, **extra})
+
+
+class _Bad(Exception):
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+class AgentApp:
+    def __init__(self, staging_dir: Path, token: str | None) -> None:
+        self.root = staging_dir.resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.token = token
+        self.app = Starlette(
+            routes=[
+                Route("/healthz", self.healthz, methods=["GET"]),
+                Route("/v1/staging/{lora_name}/files/{name}", self.put_file, methods=["PUT"]),
+                Route("/v1/staging/{lora_name}/commit", self.commit, methods=["POST"]),
+                Route("/v1/staging/{lora_name}/verify", self.verify, methods=["POST"]),
+                Route("/v1/staging/{lora_name}", self.delete, methods=["DELETE"]),
+            ]
+        )
+
+    # ---------------------------------------------------------------- helpers
+
+    def _auth(self, request: Request) -> None:
+        if self.token is None:
+            return
+        got = request.headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode()):
+            raise _Bad(_err(401, "unauthorized", "missing or wrong bearer token"))
+
+    def _inside(self, *parts: str) -> Path:
+        p = self.root.joinpath(*parts).resolve()
+        if p == self.root or not p.is_relative_to(self.root):
+            raise _Bad(_err(400, "bad_path", "path outside the staging directory"))
+        return p
+
+    def _lora(self, request: Request) -> str:
+        name = str(request.path_params["lora_name"])
+        if not LORA_NAME_RE.match(name):
+            raise _Bad(_err(400, "bad_name", "not an adapter version name"))
+        return name
+
+    def _upload_dir(self, request: Request, lora_name: str) -> Path:
+        upload = request.query_params.get("upload", "")
+        if not UPLOAD_RE.match(upload):
+            raise _Bad(_err(400, "bad_upload", "upload must be 8-64 lowercase hex characters"))
+        return self._inside(f".tmp-{lora_name}-{upload}")
+
+    async def _manifest(self, request: Request) -> list[tuple[str, str]]:
+        try:
+            data = orjson.loads(await request.body())
+            files = [(str(f["name"]), str(f["sha256"])) for f in data["files"]]
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise _Bad(_err(400, "bad_manifest", "body must be {files: [{name, sha256}]}")) from exc
+        for name, sha in files:
+            if not FILE_NAME_RE.match(name) or ".." in name or not SHA_RE.match(sha):
+                raise _Bad(_err(400, "bad_manifest", f"bad file entry {name!r}"))
+        if not files:
+            raise _Bad(_err(400, "bad_manifest", "no files"))
+        return files
+
+    @staticmethod
+    def _matches(directory: Path, files: list[tuple[str, str]]) -> str | None:
+        """None when every file is present and matches; else the first problem."""
+        for name, sha in files:
+            p = directory / name
+            if not p.is_file() or p.is_symlink():
+                return f"{name} missing"
+            actual = _hash_file(p)
+            if actual != sha:
+                return f"{name}: expected {sha}, got {actual}"
+        return None
+
+    def _located(self, final: Path) -> Response:
+        return _json(200, {"path": str(final), "root": str(self.root)})
+
+    # ---------------------------------------------------------------- routes
+
+    async def healthz(self, request: Request) -> Response:
+        return _json(200, {"status": "ok", "root": str(self.root)})
+
+    async def put_file(self, request: Request) -> Response:
+        try:
+            self._auth(request)
+            lora = self._lora(request)
+            name = str(request.path_params["name"])
+            if not FILE_NAME_RE.match(name) or ".." in name:
+                raise _Bad(_err(400, "bad_name", "bad file name"))
+            expected = request.query_params.get("sha256", "")
+            if not SHA_RE.match(expected):
+                raise _Bad(_err(400, "bad_sha256", "sha256 must be 64 lowercase hex characters"))
+            updir = self._upload_dir(request, lora)
+            updir.mkdir(exist_ok=True)
+            part = self._inside(updir.name, f"{name}.part")
+            h = hashlib.sha256()
+            with open(part, "wb") as out:
+                async for chunk in request.stream():
+                    if chunk:
+                        h.update(chunk)
+                        await asyncio.to_thread(out.write, chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            actual = h.hexdigest()
+            if actual != expected:
+                part.unlink(missing_ok=True)
+                log.warning("hash mismatch", extra={"lora_name": lora, "file": name})
+                return _err(
+                    422, "hash_mismatch", f"sha256 mismatch for {name}", expected=expected, actual=actual
+                )
+            os.replace(part, self._inside(updir.name, name))
+            return _json(200, {"name": name, "sha256": actual})
+        except _Bad as bad:
+            return bad.response
+
+    async def commit(self, request: Request) -> Response:
+        try:
+            self._auth(request)
+            lora = self._lora(request)
+            updir = self._upload_dir(request, lora)
+            files = await self._manifest(request)
+            if not updir.is_dir():
+                return _err(404, "not_found", "no such upload")
+            problem = await asyncio.to_thread(self._matches, updir, files)
+            if problem:
+                shutil.rmtree(updir, ignore_errors=True)
+                return _err(422, "hash_mismatch", problem)
+            final = self._inside(lora)
+            try:
+                os.rename(updir, final)
+            except OSError:
+                if await asyncio.to_thread(self._matches, final, files) is None:
+                    shutil.rmtree(updir, ignore_errors=True)
+                else:
+                    shutil.rmtree(final, ignore_errors=True)
+                    os.rename(updir, final)
+            return self._located(final)
+        except _Bad as bad:
+            return bad.response
+
+    async def verify(self, request: Request) -> Response:
+        try:
+            self._auth(request)
+            lora = self._lora(request)
+            files = await self._manifest(request)
+            final = self._inside(lora)
+            if not final.is_dir():
+                return _err(404, "not_found", "not staged")
+            problem = await asyncio.to_thread(self._matches, final, files)
+            if problem:
+                shutil.rmtree(final, ignore_errors=True)
+                return _err(409, "stale", problem)
+            return self._located(final)
+        except _Bad as bad:
+            return bad.response
+
+    async def delete(self, request: Request) -> Response:
+        try:
+            self._auth(request)
+            lora = self._lora(request)
+            final = self._inside(lora)
+            await asyncio.to_thread(shutil.rmtree, final, True)
+            for tmp in self.root.glob(f".tmp-{lora}-*"):
+                await asyncio.to_thread(shutil.rmtree, tmp, True)
+            return _json(200, {"deleted": lora})
+        except _Bad as bad:
+            return bad.response
+
+
+def make_app(staging_dir: Path, token: str | None) -> Starlette:
+    return AgentApp(staging_dir, token).app
+
+
+def agent(
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address."),
+    port: int = typer.Option(9090, "--port", help="Port."),
+    staging_dir: Path = typer.Option(
+        Path("/shared/staging"), "--staging-dir", help="The replica's staging volume."
+    ),
+    token: str = typer.Option(
+        "", "--token", envvar="LORAPLANE_AGENT_TOKEN", help="Bearer token the router must send (recommended)."
+    ),
+) -> None:
+    """Run the replica-side stager that writes verified adapter files into the staging volume."""
+    import uvicorn
+
+    from kit.logs import setup_logging
+
+    setup_logging()
+    if not token:
+        log.warning("agent runs without a token: anyone who can reach it can stage files")
+    uvicorn.run(make_app(staging_dir, token or None), host=host, port=port, log_level="warning")

@@ -1,0 +1,116 @@
+"""Replica directories (``registry.replicas.ReplicaDirectory``) for the admin API.
+
+- ``LocalReplicaDirectory(router)``: in-process (``loraplane up``): reads the router's state and
+  prewarms through it directly.
+- ``RedisReplicaDirectory(redis, prefix)``: for ``loraplane serve --role registry`` in its own
+  process. Gateway processes publish their replica records every ``publish_interval_s`` to the
+  hash ``<prefix>router:replicas`` (url → record JSON with ``published_at``); prewarm requests
+  go onto the list ``<prefix>router:prewarm``, which every gateway's router drains (one of them
+  takes each request).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import redis.asyncio as aioredis
+
+from kit.errors import NotFound, Unavailable
+
+if TYPE_CHECKING:
+    from router.core import Router
+
+STALE_AFTER_S = 300.0
+
+
+def replicas_key(prefix: str) -> str:
+    return f"{prefix}router:replicas"
+
+
+def prewarm_key(prefix: str) -> str:
+    return f"{prefix}router:prewarm"
+
+
+async def publish_records(
+    redis: aioredis.Redis, prefix: str, records: list[dict[str, Any]], ttl_s: float
+) -> None:
+    if not records:
+        return
+    now = time.time()
+    mapping = {r["url"]: orjson.dumps({**r, "published_at": now}) for r in records}
+    key = replicas_key(prefix)
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
+        pipe.expire(key, int(max(ttl_s, 1.0) * 10))
+        await pipe.execute()
+
+
+async def pop_prewarm_requests(redis: aioredis.Redis, prefix: str, limit: int = 16) -> list[dict[str, Any]]:
+    raw = await redis.lpop(prewarm_key(prefix), limit)
+    out: list[dict[str, Any]] = []
+    items = raw if isinstance(raw, list) else []
+    for item in items:
+        try:
+            data = orjson.loads(item)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(data, dict):
+            out.append(data)
+    return out
+
+
+class LocalReplicaDirectory:
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    async def list_replicas(self) -> list[dict[str, Any]]:
+        return self._router.replica_records()
+
+    async def request_prewarm(self, adapter_id: str, version: str, replicas: int) -> dict[str, Any]:
+        from router.contract import RouterError
+
+        try:
+            return await self._router.request_prewarm(adapter_id, version, replicas)
+        except RouterError as exc:
+            raise NotFound(exc.message, code="version_not_found") from exc
+
+
+class RedisReplicaDirectory:
+    def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
+        self._redis = redis
+        self._prefix = prefix
+
+    async def list_replicas(self) -> list[dict[str, Any]]:
+        from redis.exceptions import RedisError
+
+        try:
+            raw = await self._redis.hgetall(replicas_key(self._prefix))
+        except RedisError as exc:
+            raise Unavailable(f"replica state unavailable: {exc}", code="replicas_unavailable") from exc
+        now = time.time()
+        out: list[dict[str, Any]] = []
+        for value in raw.values():
+            try:
+                rec = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                continue
+            published = float(rec.pop("published_at", 0.0))
+            if now - published > STALE_AFTER_S:
+                continue
+            out.append(rec)
+        out.sort(key=lambda r: str(r.get("url")))
+        return out
+
+    async def request_prewarm(self, adapter_id: str, version: str, replicas: int) -> dict[str, Any]:
+        from redis.exceptions import RedisError
+
+        item = orjson.dumps(
+            {"adapter_id": adapter_id, "version": version, "replicas": replicas, "ts": time.time()}
+        )
+        try:
+            await self._redis.rpush(prewarm_key(self._prefix), item)
+        except RedisError as exc:
+            raise Unavailable(f"cannot queue prewarm: {exc}", code="replicas_unavailable") from exc
+        return {"adapter_id": adapter_id, "version": version, "replicas": replicas, "queued": True}

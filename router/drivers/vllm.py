@@ -1,0 +1,201 @@
+"""The vLLM engine driver (VLLM.md §1–§9): dynamic LoRA endpoints, ``/v1/models``, ``/metrics``.
+
+Load failure classification (by status code and vLLM's error ``type``, never by message
+substring alone):
+
+| answer | failure |
+|---|---|
+| 200 | ok |
+| 404 (``NotFoundError``: no adapter_config.json at the path) | ``not_found`` |
+| 404 ``{"detail":"Not Found"}`` (runtime LoRA updating disabled) | ``rejected`` |
+| 400 ``InvalidUserInput`` "already been loaded" | ``conflict`` (treated as loaded) |
+| 400 / 500 (engine refused the adapter; ≤0.17 used 400) | ``rejected`` |
+| 401 (wrong api key) | ``rejected`` |
+| 502/503/504 | ``replica_down`` |
+| timeout | ``timeout`` |
+| connection refused / reset | ``replica_down`` |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+
+from router.drivers.base import LoadResult, MetricsSample, ModelsInfo, UnloadResult
+
+
+class DriverError(Exception):
+    """A replica could not be reached or answered nonsense (translated aiohttp errors)."""
+
+
+def _error_fields(body: bytes) -> tuple[str, str]:
+    """(type, message) of a vLLM error body; ("", text) when it is not one."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return "", body.decode("utf-8", "replace")[:500]
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict):
+            return str(err.get("type") or ""), str(err.get("message") or "")
+        if "detail" in data:
+            return "detail", str(data.get("detail"))
+        if data.get("object") == "error":  # vLLM 0.10.0 flat envelope
+            return str(data.get("type") or ""), str(data.get("message") or "")
+    return "", body.decode("utf-8", "replace")[:500]
+
+
+def classify_load(status: int, body: bytes) -> LoadResult:
+    """Classify a ``/v1/load_lora_adapter`` answer."""
+    if status == 200:
+        return LoadResult(ok=True, status=status)
+    etype, message = _error_fields(body)
+    if status == 404:
+        if etype == "detail":
+            return LoadResult(False, "rejected", status, "runtime LoRA updating is disabled on the replica")
+        return LoadResult(False, "not_found", status, message)
+    if status == 400 and etype == "InvalidUserInput" and "already been loaded" in message:
+        return LoadResult(False, "conflict", status, message)
+    if status in (400, 401, 403, 422, 500):
+        return LoadResult(False, "rejected", status, message)
+    if status in (502, 503, 504):
+        return LoadResult(False, "replica_down", status, message)
+    return LoadResult(False, "other", status, message)
+
+
+class VllmDriver:
+    """Talks to vLLM (and the simulator) over a shared aiohttp session."""
+
+    name = "vllm"
+
+    def __init__(self, session: aiohttp.ClientSession, api_key: str | None = None) -> None:
+        self._session = session
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def auth_headers(self) -> dict[str, str]:
+        return self._auth
+
+    def request_model(self, lora_name: str | None, served_model: str) -> str:
+        return lora_name or served_model
+
+    async def _get(self, url: str, timeout: float, auth: bool) -> tuple[int, bytes]:
+        try:
+            async with self._session.get(
+                url, headers=self._auth if auth else None, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise DriverError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
+
+    async def health(self, url: str, timeout: float) -> bool:
+        status, _ = await self._get(f"{url}/health", timeout, auth=False)
+        return status == 200
+
+    async def list_adapters(self, url: str, timeout: float) -> ModelsInfo:
+        status, body = await self._get(f"{url}/v1/models", timeout, auth=True)
+        if status != 200:
+            raise DriverError(f"GET {url}/v1/models: HTTP {status}")
+        try:
+            data = orjson.loads(body)
+            cards = data["data"]
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise DriverError(f"GET {url}/v1/models: not a model list") from exc
+        bases: list[str] = []
+        adapters: dict[str, str] = {}
+        for card in cards:
+            if not isinstance(card, dict) or not isinstance(card.get("id"), str):
+                continue
+            if card.get("parent"):
+                adapters[card["id"]] = str(card.get("root") or "")
+            else:
+                bases.append(card["id"])
+        return ModelsInfo(base_names=tuple(bases), adapters=adapters)
+
+    async def metrics_text(self, url: str, timeout: float) -> str:
+        status, body = await self._get(f"{url}/metrics", timeout, auth=False)
+        if status != 200:
+            raise DriverError(f"GET {url}/metrics: HTTP {status}")
+        return body.decode("utf-8", "replace")
+
+    def parse_metrics(self, text: str) -> MetricsSample:
+        """Sum the gauges over engines; ``lora_requests_info``: the sample with the LARGEST value."""
+        running = waiting = 0.0
+        by_reason: dict[str, int] = {}
+        kv = 0.0
+        best: tuple[float, dict[str, str]] | None = None
+        try:
+            families = list(text_string_to_metric_families(text))
+        except ValueError:
+            return MetricsSample()
+        for fam in families:
+            name = fam.name
+            if name == "vllm:num_requests_running":
+                running = sum(s.value for s in fam.samples)
+            elif name == "vllm:num_requests_waiting":
+                waiting = sum(s.value for s in fam.samples)
+            elif name == "vllm:num_requests_waiting_by_reason":
+                for s in fam.samples:
+                    reason = s.labels.get("reason", "")
+                    by_reason[reason] = by_reason.get(reason, 0) + int(s.value)
+            elif name == "vllm:kv_cache_usage_perc":
+                kv = max((s.value for s in fam.samples), default=0.0)
+            elif name == "vllm:lora_requests_info":
+                for s in fam.samples:
+                    if best is None or s.value > best[0]:
+                        best = (s.value, s.labels)
+        lora_running: tuple[str, ...] = ()
+        lora_waiting: tuple[str, ...] = ()
+        max_lora: int | None = None
+        if best is not None:
+            labels = best[1]
+            lora_running = tuple(x for x in labels.get("running_lora_adapters", "").split(",") if x)
+            lora_waiting = tuple(x for x in labels.get("waiting_lora_adapters", "").split(",") if x)
+            try:
+                max_lora = int(labels.get("max_lora", ""))
+            except ValueError:
+                max_lora = None
+        return MetricsSample(
+            running=int(running),
+            waiting=int(waiting),
+            waiting_by_reason=by_reason,
+            kv_cache_usage=float(kv),
+            lora_running=lora_running,
+            lora_waiting=lora_waiting,
+            max_lora=max_lora,
+        )
+
+    async def _post(self, url: str, payload: dict[str, Any], timeout: float) -> tuple[int, bytes]:
+        async with self._session.post(
+            url,
+            data=orjson.dumps(payload),
+            headers={**self._auth, "Content-Type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            return resp.status, await resp.read()
+
+    async def load(self, url: str, lora_name: str, lora_path: str, timeout: float) -> LoadResult:
+        try:
+            status, body = await self._post(
+                f"{url}/v1/load_lora_adapter", {"lora_name": lora_name, "lora_path": lora_path}, timeout
+            )
+        except TimeoutError:
+            return LoadResult(False, "timeout", None, f"load timed out after {timeout:.1f}s")
+        except (aiohttp.ClientError, OSError) as exc:
+            return LoadResult(False, "replica_down", None, f"{type(exc).__name__}: {exc}")
+        return classify_load(status, body)
+
+    async def unload(self, url: str, lora_name: str, timeout: float) -> UnloadResult:
+        try:
+            status, body = await self._post(
+                f"{url}/v1/unload_lora_adapter", {"lora_name": lora_name}, timeout
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return UnloadResult(False, message=f"{type(exc).__name__}: {exc}")
+        if status == 200:
+            return UnloadResult(True)
+        if status == 404:
+            return UnloadResult(True, already_gone=True, message=_error_fields(body)[1])
+        return UnloadResult(False, message=f"HTTP {status}: {_error_fields(body)[1]}")

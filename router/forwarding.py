@@ -1,0 +1,231 @@
+"""Forwarding to a replica: pooled keep-alive aiohttp connections, byte-level model rewrite,
+streaming passed through chunk by chunk, usage accounting, wrong-adapter detection.
+
+The hot path does not re-parse answers: the replica's ``"model":"<lora_name>"`` is found and
+replaced by the client's model string with a byte search (vLLM writes compact JSON, and that
+byte sequence cannot occur inside a JSON string, where quotes are escaped). Only the small
+usage chunk of a stream is parsed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from router.contract import ForwardResult, UpstreamError, UpstreamTimeout, Usage
+
+log = logging.getLogger("loraplane.router.forward")
+
+MODEL_KEY = b'"model":"'
+DONE = b"data: [DONE]"
+_USAGE_RE = re.compile(rb'"(prompt_tokens|completion_tokens|total_tokens)":(\d+)')
+
+
+class WrongAdapter(UpstreamError):
+    """The replica answered for another model than the one asked for (audit ``adapter.wrong_adapter``)."""
+
+    code = "upstream_error"
+
+
+class Retryable(Exception):
+    """Failed before the first byte in a way another replica may not (connection refused, 5xx)."""
+
+    def __init__(self, message: str, *, replica_down: bool = False, adapter_missing: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.replica_down = replica_down
+        self.adapter_missing = adapter_missing
+
+
+@dataclass(slots=True)
+class Rewriter:
+    """Rewrites ``model`` and checks it was the one asked for."""
+
+    expected: bytes  # the name the replica must answer with
+    replacement: bytes  # "model":"<client model>" (JSON-encoded value)
+
+    def rewrite(self, payload: bytes) -> tuple[bytes, bytes | None]:
+        """(rewritten, None) or (payload, wrong_name) when the replica answered for another model."""
+        i = payload.find(MODEL_KEY)
+        if i < 0:
+            return payload, None
+        start = i + len(MODEL_KEY)
+        end = payload.find(b'"', start)
+        if end < 0:
+            return payload, None
+        got = payload[start:end]
+        if got != self.expected:
+            return payload, got
+        return payload[:i] + self.replacement + payload[end + 1 :], None
+
+
+def make_rewriter(expected_model: str, client_model: str) -> Rewriter:
+    return Rewriter(expected_model.encode(), b'"model":' + orjson.dumps(client_model))
+
+
+def parse_usage(payload: bytes) -> Usage | None:
+    i = payload.rfind(b'"usage":{')
+    if i < 0:
+        return None
+    vals = {m.group(1).decode(): int(m.group(2)) for m in _USAGE_RE.finditer(payload, i)}
+    if not vals:
+        return None
+    return Usage(
+        prompt_tokens=vals.get("prompt_tokens", 0),
+        completion_tokens=vals.get("completion_tokens", 0),
+        total_tokens=vals.get(
+            "total_tokens", vals.get("prompt_tokens", 0) + vals.get("completion_tokens", 0)
+        ),
+    )
+
+
+def error_event(message: str, code: str = "upstream_error") -> bytes:
+    err = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+    return b"data: " + orjson.dumps(err) + b"\n\n" + DONE + b"\n\n"
+
+
+async def open_upstream(
+    session: aiohttp.ClientSession,
+    url: str,
+    data: bytes,
+    headers: dict[str, str],
+    timeout: aiohttp.ClientTimeout,
+) -> aiohttp.ClientResponse:
+    """POST and return the response (headers read); translate connection errors."""
+    try:
+        return await session.post(url, data=data, headers=headers, timeout=timeout)
+    except aiohttp.ClientConnectorError as exc:
+        raise Retryable(f"cannot connect to replica: {exc}", replica_down=True) from exc
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        raise Retryable(f"replica closed the connection: {exc}", replica_down=True) from exc
+    except aiohttp.ClientError as exc:
+        raise Retryable(f"replica request failed: {exc}") from exc
+    except TimeoutError as exc:
+        raise UpstreamTimeout("replica did not answer in time") from exc
+
+
+class StreamRelay:
+    """Turns an upstream SSE response into the client's byte stream (see module docstring)."""
+
+    def __init__(
+        self,
+        resp: aiohttp.ClientResponse,
+        rewriter: Rewriter,
+        result: ForwardResult,
+        *,
+        client_wants_usage: bool,
+        on_wrong: Callable[[bytes], Awaitable[None]],
+        on_end: Callable[[], None],
+    ) -> None:
+        self._resp = resp
+        self._rw = rewriter
+        self._result = result
+        self._keep_usage = client_wants_usage
+        self._on_wrong = on_wrong
+        self._on_end = on_end
+        self._buf = b""
+        self._done = False
+        self._failed = False
+        self._chunks = resp.content.iter_any()
+
+    def _events(self, data: bytes) -> tuple[bytes, bytes | None]:
+        """Process the complete events in buffer + data: (output bytes, wrong model name or None)."""
+        buf = self._buf + data
+        last = buf.rfind(b"\n\n")
+        if last < 0:
+            self._buf = buf
+            return b"", None
+        self._buf = buf[last + 2 :]
+        out: list[bytes] = []
+        for ev in buf[: last + 2].split(b"\n\n"):
+            if not ev:
+                continue
+            if ev.startswith(b"data: {"):
+                if b'"usage":{' in ev:
+                    u = parse_usage(ev)
+                    if u is not None:
+                        self._result.usage = u
+                    if not self._keep_usage and b'"choices":[]' in ev:
+                        continue
+                ev, wrong = self._rw.rewrite(ev)
+                if wrong is not None:
+                    return b"".join(out), wrong
+            elif ev.startswith(DONE):
+                self._done = True
+            out.append(ev + b"\n\n")
+        return b"".join(out), None
+
+    async def first(self) -> bytes:
+        """Read until the first complete event (or the end); raises WrongAdapter before any byte is sent."""
+        for _ in range(10_000):
+            try:
+                data = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                return self._tail_on_eof()
+            except TimeoutError as exc:
+                raise UpstreamTimeout("replica did not start the answer in time") from exc
+            except (aiohttp.ClientError, OSError) as exc:
+                raise Retryable(f"replica failed before the first event: {exc}", replica_down=True) from exc
+            out, wrong = self._events(data)
+            if wrong is not None:
+                await self._on_wrong(wrong)
+                raise WrongAdapter(f"replica answered for model {wrong.decode(errors='replace')!r}")
+            if out:
+                return out
+        return b""
+
+    def _tail_on_eof(self) -> bytes:
+        if self._done:
+            return b""
+        self._failed = True
+        return error_event("the replica ended the stream without finishing it")
+
+    async def iterate(self, first: bytes) -> AsyncIterator[bytes]:
+        try:
+            if first:
+                yield first
+            if self._failed:
+                return
+            while not self._done:
+                try:
+                    data = await self._chunks.__anext__()
+                except StopAsyncIteration:
+                    tail = self._tail_on_eof()
+                    if tail:
+                        yield tail
+                    return
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    log.warning(
+                        "replica failed mid-stream",
+                        extra={"replica": self._result.replica, "error": str(exc)},
+                    )
+                    yield error_event("the replica failed while streaming the answer")
+                    return
+                out, wrong = self._events(data)
+                if out:
+                    yield out
+                if wrong is not None:
+                    await self._on_wrong(wrong)
+                    yield error_event("the replica answered with another adapter", code="wrong_adapter")
+                    return
+        finally:
+            # Closing (also on client disconnect) drops the connection, which cancels upstream work.
+            if not self._done:
+                self._resp.close()
+            else:
+                self._resp.release()
+            self._on_end()
+
+
+async def read_body(resp: aiohttp.ClientResponse) -> bytes:
+    try:
+        return await resp.read()
+    except (aiohttp.ClientError, OSError) as exc:
+        raise Retryable(f"replica failed while sending the answer: {exc}", replica_down=True) from exc
+    except TimeoutError as exc:
+        raise UpstreamTimeout("replica did not answer in time") from exc

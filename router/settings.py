@@ -1,0 +1,113 @@
+"""Typed settings of the router runtime (it runs inside the gateway process). Env prefix ``LORAPLANE_``.
+
+``LORAPLANE_POOLS`` is a JSON list of pools, e.g.::
+
+    [{"name": "main", "base_model": "demo-base", "urls": ["http://10.0.0.5:8000"],
+      "max_loras": 4, "max_adapters": 8,
+      "staging": {"mode": "local", "dir": "/shared/staging"}}]
+
+or with ``"dns": "vllm.svc:8000"`` (re-resolved every ``dns_interval_s``) instead of ``urls``, and
+``"staging": {"mode": "agent", "url_template": "http://{host}:9090", "token": "…"}`` to stage
+through ``loraplane agent`` running beside each replica.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr, model_validator
+
+from kit.settings import LoraplaneSettings
+
+
+class StagingConfig(BaseModel):
+    """Where a pool's replicas read adapter files from."""
+
+    mode: Literal["local", "agent"] = Field(
+        default="local",
+        description="local: a directory shared with the replicas; agent: `loraplane agent` per replica.",
+    )
+    dir: Path | None = Field(
+        default=None,
+        description="local: the shared staging directory (default: the router's staging_dir). "
+        "agent: the staging directory as the replica sees it (default: what the agent reports).",
+    )
+    url_template: str = Field(
+        default="http://{host}:9090",
+        description="agent mode: agent URL for a replica; {host} is the replica's host name or IP.",
+    )
+    token: SecretStr | None = Field(default=None, description="agent mode: bearer token of the agent.")
+
+
+class PoolConfig(BaseModel):
+    """One pool of identical replicas serving one base model."""
+
+    name: str = Field(default="default", description="Pool name (shown in replica records and metrics).")
+    base_model: str = Field(default="demo-base", description="Registry base model served by this pool.")
+    served_model: str | None = Field(
+        default=None, description="Name the replicas serve the base model under (default: base_model)."
+    )
+    urls: list[str] = Field(default_factory=list, description="Static replica URLs (http://host:port).")
+    dns: str | None = Field(
+        default=None, description="host:port resolved periodically; every address is one replica."
+    )
+    dns_interval_s: float = Field(default=10.0, description="Re-resolution interval of `dns`.")
+    max_loras: int = Field(default=4, ge=1, description="GPU LoRA slots per replica (vLLM --max-loras).")
+    max_adapters: int = Field(default=8, ge=1, description="Adapters kept registered per replica.")
+    engine: Literal["vllm"] = Field(default="vllm", description="Engine driver of the replicas.")
+    api_key: SecretStr | None = Field(default=None, description="Replica --api-key, sent as a bearer token.")
+    staging: StagingConfig = Field(default_factory=StagingConfig, description="How files are staged.")
+
+    @model_validator(mode="after")
+    def _check(self) -> PoolConfig:
+        if self.urls and self.dns:
+            raise ValueError(f"pool {self.name}: give either urls or dns, not both")
+        if self.max_adapters < self.max_loras:
+            self.max_adapters = self.max_loras
+        self.urls = [u.rstrip("/") for u in self.urls]
+        return self
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model or self.base_model
+
+
+class RouterSettings(LoraplaneSettings):
+    """Settings of the router runtime."""
+
+    pools: list[PoolConfig] = Field(
+        default_factory=list, description="Replica pools (LORAPLANE_POOLS, JSON)."
+    )
+    staging_dir: Path | None = Field(
+        default=None, description="Local staging directory (default: data_dir/staging)."
+    )
+    load_timeout_s: float = Field(default=30.0, description="Longest a request waits for an adapter load.")
+    load_lease_ms: int = Field(default=10_000, description="Redis load lease; renewed while a load runs.")
+    poll_interval_s: float = Field(default=1.0, description="Seconds between polls of one replica.")
+    poll_timeout_s: float = Field(default=2.0, description="Timeout of one poll (health, models, metrics).")
+    unhealthy_after: int = Field(
+        default=2, ge=1, description="Failed polls before a replica leaves rotation."
+    )
+    placement_profile: str = Field(default="default", description="Placement profile name.")
+    placement_params: dict[str, Any] = Field(default_factory=dict, description="Profile parameters.")
+    request_timeout_s: float = Field(default=300.0, description="Whole-request timeout towards a replica.")
+    connect_timeout_s: float = Field(default=2.0, description="Connect timeout towards a replica.")
+    max_connections_per_replica: int = Field(default=256, description="Pooled keep-alive connections.")
+    max_cold_waiters_per_adapter: int = Field(
+        default=256, description="Requests that may wait for one adapter's load; more get 503."
+    )
+    retired_idle_unload_s: float = Field(
+        default=60.0, description="Retired/non-serving versions are unloaded after this long idle."
+    )
+    reconcile_interval_s: float = Field(default=2.0, description="Period of the reconciler.")
+    hot_prewarm_rps: float = Field(
+        default=0.0, description="Request rate (per second) above which an adapter counts as hot (0 = off)."
+    )
+    hot_prewarm_replicas: int = Field(default=2, ge=1, description="Replicas a hot adapter is kept on.")
+    rate_window_s: float = Field(default=10.0, description="Window of the measured per-adapter request rate.")
+    publish_interval_s: float = Field(default=1.0, description="How often replica state goes to Redis.")
+    state_ttl_s: float = Field(default=30.0, description="TTL of replica records published to Redis.")
+
+    def resolved_staging_dir(self) -> Path:
+        return (self.staging_dir or (self.data_dir / "staging")).resolve()

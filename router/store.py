@@ -1,0 +1,332 @@
+"""Replica store: one poll loop per replica, router-owned residency, views for placement.
+
+Each replica is polled every ``poll_interval_s`` (``/health``, ``/v1/models``, ``/metrics``, all
+under one ``poll_timeout_s``). After ``unhealthy_after`` failed polls it leaves rotation; one
+good poll brings it back. Only transitions are logged.
+
+Residency is the router's own record per (replica, lora_name): ``staging`` → ``loading`` →
+``resident`` → ``unloading`` (or ``failed``). Every poll reconciles it with ``/v1/models``: a
+resident adapter missing there (replica restarted) is dropped; an unknown lora_name that is
+ours (``ADAPTER@vN-sha8``) is adopted as resident (loaded by another gateway process).
+Readers get copies (``ReplicaView``s), never the mutable state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from router.drivers import DriverError, EngineDriver, MetricsSample, ModelsInfo
+from router.metrics import RouterMetrics
+from router.placement.types import ReplicaView, ResidencyState, Resident
+from router.settings import PoolConfig, RouterSettings
+
+log = logging.getLogger("loraplane.router.store")
+
+LORA_NAME_RE = re.compile(
+    r"^(?P<adapter>[a-z0-9][a-z0-9._-]{0,62})@(?P<version>v[1-9][0-9]{0,8})-(?P<sha>[0-9a-f]{8})$"
+)
+
+
+def parse_lora_name(name: str) -> tuple[str, str] | None:
+    """``"acme@v3-1a2b3c4d"`` → ``("acme", "v3")``; None when the name is not one of ours."""
+    m = LORA_NAME_RE.match(name)
+    if not m or ".." in m.group("adapter"):
+        return None
+    return m.group("adapter"), m.group("version")
+
+
+@dataclass(slots=True)
+class Residency:
+    lora_name: str
+    adapter_id: str
+    version: str
+    state: ResidencyState
+    since: float
+    last_used: float
+    inflight: int = 0
+    size_bytes: int = 0
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class ReplicaState:
+    """Mutable state of one replica; only the store and the router runtime change it."""
+
+    url: str
+    pool: PoolConfig
+    driver: EngineDriver
+    healthy: bool = False
+    failures: int = 0
+    last_seen: float | None = None  # clock time of the last good poll
+    last_seen_wall: float | None = None
+    metrics: MetricsSample = field(default_factory=MetricsSample)
+    base_names: tuple[str, ...] = ()
+    residents: dict[str, Residency] = field(default_factory=dict)
+    inflight: int = 0
+    polled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or "127.0.0.1"
+
+    def view(self) -> ReplicaView:
+        residents = {
+            n: Resident(
+                lora_name=n,
+                adapter_id=r.adapter_id,
+                state=r.state,
+                last_used=r.last_used,
+                inflight=r.inflight,
+                size_bytes=r.size_bytes,
+            )
+            for n, r in self.residents.items()
+        }
+        m = self.metrics
+        return ReplicaView(
+            url=self.url,
+            pool=self.pool.name,
+            healthy=self.healthy,
+            max_loras=self.pool.max_loras,
+            max_adapters=self.pool.max_adapters,
+            residents=residents,
+            inflight=self.inflight,
+            running=m.running,
+            waiting=m.waiting,
+            kv_cache_usage=m.kv_cache_usage,
+            lora_running=m.lora_running,
+            lora_waiting=m.lora_waiting,
+        )
+
+
+class ReplicaStore:
+    """Knows every replica of every pool; runs the poll loops."""
+
+    def __init__(
+        self,
+        settings: RouterSettings,
+        drivers: dict[str, EngineDriver],
+        *,
+        clock: Callable[[], float],
+        wall: Callable[[], float],
+        metrics: RouterMetrics,
+        on_poll: Callable[[ReplicaState, ModelsInfo | None], None] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._drivers = drivers
+        self._clock = clock
+        self._wall = wall
+        self._metrics = metrics
+        self._on_poll = on_poll
+        self.replicas: dict[str, ReplicaState] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._dns_tasks: list[asyncio.Task[None]] = []
+        self._stopped = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        for pool in self._settings.pools:
+            for url in pool.urls:
+                self.add(url, pool)
+            if pool.dns:
+                await self._resolve_pool(pool)
+                self._dns_tasks.append(asyncio.create_task(self._dns_loop(pool), name=f"dns:{pool.name}"))
+        # Wait (bounded) for the first poll of every replica so the router starts warm.
+        waits = [r.polled.wait() for r in self.replicas.values()]
+        if waits:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*waits), self._settings.poll_timeout_s + 0.5)
+
+    async def stop(self) -> None:
+        self._stopped = True
+        tasks = [*self._tasks.values(), *self._dns_tasks]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        self._dns_tasks.clear()
+
+    def add(self, url: str, pool: PoolConfig) -> ReplicaState:
+        url = url.rstrip("/")
+        if url in self.replicas:
+            return self.replicas[url]
+        rep = ReplicaState(url=url, pool=pool, driver=self._drivers[pool.name])
+        self.replicas[url] = rep
+        if not self._stopped:
+            self._tasks[url] = asyncio.create_task(self._poll_loop(rep), name=f"poll:{url}")
+        log.info("replica added", extra={"replica": url, "pool": pool.name})
+        return rep
+
+    def remove(self, url: str) -> None:
+        rep = self.replicas.pop(url, None)
+        task = self._tasks.pop(url, None)
+        if task:
+            task.cancel()
+        if rep:
+            log.info("replica removed", extra={"replica": url, "pool": rep.pool.name})
+            self._update_gauge(rep.pool.name)
+
+    # ------------------------------------------------------------------ DNS
+
+    async def _resolve_pool(self, pool: PoolConfig) -> None:
+        assert pool.dns
+        host, _, port_s = pool.dns.rpartition(":")
+        port = int(port_s)
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                host, port, family=socket.AF_INET, type=socket.SOCK_STREAM
+            )
+        except OSError as exc:
+            log.warning(
+                "dns resolution failed", extra={"pool": pool.name, "dns": pool.dns, "error": str(exc)}
+            )
+            return
+        wanted = {f"http://{info[4][0]}:{port}" for info in infos}
+        current = {u for u, r in self.replicas.items() if r.pool.name == pool.name}
+        for url in sorted(wanted - current):
+            self.add(url, pool)
+        for url in sorted(current - wanted):
+            self.remove(url)
+
+    async def _dns_loop(self, pool: PoolConfig) -> None:
+        while True:
+            await asyncio.sleep(pool.dns_interval_s)
+            await self._resolve_pool(pool)
+
+    # ------------------------------------------------------------------ polling
+
+    async def _poll_loop(self, rep: ReplicaState) -> None:
+        while True:
+            try:
+                await self.poll_once(rep)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let one bad poll kill the loop
+                log.exception("replica poll crashed", extra={"replica": rep.url})
+            await asyncio.sleep(self._settings.poll_interval_s)
+
+    async def _fetch(self, rep: ReplicaState) -> tuple[bool, ModelsInfo, MetricsSample]:
+        t = self._settings.poll_timeout_s
+        drv = rep.driver
+        healthy, models, text = await asyncio.gather(
+            drv.health(rep.url, t), drv.list_adapters(rep.url, t), drv.metrics_text(rep.url, t)
+        )
+        return healthy, models, drv.parse_metrics(text)
+
+    async def poll_once(self, rep: ReplicaState) -> None:
+        """One poll: health, models and metrics under one timeout; then reconcile residency."""
+        models: ModelsInfo | None = None
+        ok = False
+        error = ""
+        try:
+            healthy, models, sample = await asyncio.wait_for(self._fetch(rep), self._settings.poll_timeout_s)
+            ok = healthy
+            if not healthy:
+                error = "health check failed"
+        except (DriverError, TimeoutError) as exc:
+            error = str(exc) or type(exc).__name__
+        if ok and models is not None:
+            rep.metrics = sample
+            rep.base_names = models.base_names
+            rep.failures = 0
+            rep.last_seen = self._clock()
+            rep.last_seen_wall = self._wall()
+            if not rep.healthy:
+                rep.healthy = True
+                log.info("replica healthy", extra={"replica": rep.url, "pool": rep.pool.name})
+                self._update_gauge(rep.pool.name)
+            self.reconcile(rep, models)
+        else:
+            self.mark_failure(rep, error)
+        rep.polled.set()
+        if self._on_poll is not None:
+            self._on_poll(rep, models if ok else None)
+
+    def mark_failure(self, rep: ReplicaState, error: str, *, immediate: bool = False) -> None:
+        """Count a failed check; out of rotation after ``unhealthy_after`` (at once if ``immediate``)."""
+        rep.failures += 1
+        if rep.healthy and (immediate or rep.failures >= self._settings.unhealthy_after):
+            rep.healthy = False
+            log.warning(
+                "replica out of rotation",
+                extra={"replica": rep.url, "pool": rep.pool.name, "error": error, "failures": rep.failures},
+            )
+            self._update_gauge(rep.pool.name)
+
+    def reconcile(self, rep: ReplicaState, models: ModelsInfo) -> None:
+        """Align residency with what the replica says it has registered."""
+        now = self._clock()
+        listed = models.adapters
+        for name in list(rep.residents):
+            r = rep.residents[name]
+            if r.state == "resident" and name not in listed:
+                log.info(
+                    "adapter vanished from replica",
+                    extra={"replica": rep.url, "lora_name": name},
+                )
+                del rep.residents[name]
+            elif r.state == "failed" and now - r.since > 30.0:
+                del rep.residents[name]
+        for name in listed:
+            r2 = rep.residents.get(name)
+            if r2 is not None and r2.state != "failed":
+                continue
+            parsed = parse_lora_name(name)
+            if parsed is None:
+                continue
+            rep.residents[name] = Residency(
+                lora_name=name,
+                adapter_id=parsed[0],
+                version=parsed[1],
+                state="resident",
+                since=now,
+                last_used=now,
+            )
+
+    def _update_gauge(self, pool: str) -> None:
+        n = sum(1 for r in self.replicas.values() if r.pool.name == pool and r.healthy)
+        self._metrics.replicas_healthy.labels(pool=pool).set(n)
+
+    # ------------------------------------------------------------------ readers
+
+    def for_base(self, base_model: str) -> list[ReplicaState]:
+        return [r for r in self.replicas.values() if r.pool.base_model == base_model]
+
+    def healthy_count(self, base_model: str | None = None) -> int:
+        return sum(
+            1
+            for r in self.replicas.values()
+            if r.healthy and (base_model is None or r.pool.base_model == base_model)
+        )
+
+    def record(self, rep: ReplicaState) -> dict[str, Any]:
+        """The replica record of SPEC §13."""
+        import datetime as _dt
+
+        last_seen = (
+            _dt.datetime.fromtimestamp(rep.last_seen_wall, tz=_dt.UTC).isoformat().replace("+00:00", "Z")
+            if rep.last_seen_wall
+            else None
+        )
+        return {
+            "url": rep.url,
+            "pool": rep.pool.name,
+            "base_model": rep.pool.base_model,
+            "healthy": rep.healthy,
+            "adapters": [
+                {"adapter": r.adapter_id, "version": r.version, "lora_name": r.lora_name, "state": r.state}
+                for r in rep.residents.values()
+            ],
+            "running": rep.metrics.running,
+            "waiting": rep.metrics.waiting,
+            "inflight": rep.inflight,
+            "last_seen": last_seen,
+        }
