@@ -1,0 +1,176 @@
+"""The admin API application: ``create_admin_app(settings, *, engine, store, feed, replica_directory)``.
+
+Everything under ``/admin/v1``; bearer admin token on every route except ``/healthz`` and the
+OpenAPI document / docs. Every error, FastAPI's own included, is rendered as
+``{"error": {"code", "message", "details"}}``; bad input is never a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kit.db import make_engine, make_session_factory
+from kit.errors import LoraplaneError
+from registry.api import routes_adapters, routes_ops, routes_tenants, routes_upload
+from registry.api.deps import AdminState, require_admin
+from registry.api.schemas import ErrorOut
+from registry.feed import ChangeFeed, make_feed
+from registry.migrate import check_schema
+from registry.replicas import ReplicaDirectory
+from registry.settings import RegistrySettings
+
+log = logging.getLogger("loraplane.registry.api")
+
+PREFIX = "/admin/v1"
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "too_many_requests",
+    503: "unavailable",
+}
+
+
+def _error(
+    status: int, code: str, message: str, details: Any = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        status_code=status,
+        content={"error": {"code": code, "message": message, "details": details}},
+        headers=headers,
+    )
+
+
+def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
+    out = []
+    for err in exc.errors():
+        out.append(
+            {
+                "loc": [str(p) for p in err.get("loc", ())],
+                "msg": str(err.get("msg", "")),
+                "type": str(err.get("type", "")),
+            }
+        )
+    return out
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(LoraplaneError)
+    async def _loraplane(_req: Request, exc: LoraplaneError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return _error(exc.status, exc.code, exc.message, exc.details, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        details = _validation_details(exc)
+        if any(d["type"] == "json_invalid" for d in details):
+            message = "request body is not valid JSON"
+        else:
+            message = "; ".join(f"{'.'.join(d['loc'])}: {d['msg']}" for d in details[:5]) or "invalid request"
+        return _error(422, "invalid_request", message, details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "error")
+        message = str(exc.detail) if exc.detail else code.replace("_", " ")
+        if exc.status_code == 404 and message == "Not Found":
+            message = "no such route"
+        return _error(exc.status_code, code, message, None, dict(exc.headers or {}) or None)
+
+    @app.exception_handler(IntegrityError)
+    async def _integrity(_req: Request, exc: IntegrityError) -> JSONResponse:
+        log.warning("integrity error", extra={"error": str(exc.orig)})
+        return _error(409, "conflict", "the change conflicts with the current state; retry")
+
+    @app.exception_handler(OperationalError)
+    async def _operational(_req: Request, exc: OperationalError) -> JSONResponse:
+        log.error("database unavailable", extra={"error": str(exc.orig)})
+        return _error(503, "database_unavailable", "the registry database is unavailable")
+
+    @app.exception_handler(SQLAlchemyError)
+    async def _sqlalchemy(_req: Request, exc: SQLAlchemyError) -> JSONResponse:
+        log.exception("database error")
+        return _error(500, "internal_error", "internal database error")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return _error(500, "internal_error", "internal error")
+
+
+def create_admin_app(
+    settings: RegistrySettings,
+    *,
+    engine: Engine | None = None,
+    store: Any = None,
+    feed: ChangeFeed | None = None,
+    replica_directory: ReplicaDirectory | None = None,
+) -> FastAPI:
+    """Build the admin API. Builds what is None from ``settings`` (engine, artifact store, change
+    feed) and refuses a database whose schema is not at head (``Unavailable("stale_schema")``)."""
+    if engine is None:
+        engine = make_engine(settings.resolved_database_url())
+    check_schema(engine)
+    if store is None:
+        try:
+            from registry.storage.base import make_store
+
+            store = make_store(settings)
+        except ImportError:
+            log.warning("no artifact store available; uploads answer 503")
+    if feed is None:
+        feed = make_feed(settings, engine)
+    token = settings.admin_token.get_secret_value() if settings.admin_token is not None else None
+    if not token:
+        log.warning("LORAPLANE_ADMIN_TOKEN is not set: every admin request is refused")
+        token = None
+
+    app = FastAPI(
+        title="loraplane admin API",
+        version="1",
+        description="Adapters, versions, promote / canary / rollback, tenants, keys, grants, audit.",
+        openapi_url=f"{PREFIX}/openapi.json",
+        docs_url=f"{PREFIX}/docs",
+        redoc_url=None,
+        responses={
+            401: {"model": ErrorOut},
+            404: {"model": ErrorOut},
+            409: {"model": ErrorOut},
+            422: {"model": ErrorOut},
+            503: {"model": ErrorOut},
+        },
+    )
+    app.state.admin = AdminState(
+        settings=settings,
+        engine=engine,
+        factory=make_session_factory(engine),
+        store=store,
+        feed=feed,
+        replica_directory=replica_directory,
+        admin_token=token,
+    )
+    _install_error_handlers(app)
+
+    @app.get(f"{PREFIX}/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    auth = [Depends(require_admin)]
+    for module in (routes_adapters, routes_upload, routes_tenants, routes_ops):
+        app.include_router(module.router, prefix=PREFIX, dependencies=auth)
+    return app

@@ -1,0 +1,171 @@
+"""Routes: base models, adapters, versions (list/describe), promote / rollback / kill switches."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Query, Request
+
+from registry.api.deps import read, state_of, write
+from registry.api.schemas import (
+    AdapterCreate,
+    AdapterDetailOut,
+    AdapterOut,
+    AdapterPage,
+    BaseModelCreate,
+    BaseModelOut,
+    BaseModelPage,
+    PromoteBody,
+    VersionOut,
+    VersionPage,
+)
+from registry.services import adapters as adapter_svc
+from registry.services import base_models as base_svc
+from registry.services import lifecycle
+
+router = APIRouter()
+
+Limit = Annotated[int | None, Query(description="Page size (default 50, at most 500).")]
+Cursor = Annotated[str | None, Query(description="Opaque cursor from the previous page's next_cursor.")]
+
+
+def _actor(request: Request) -> str:
+    return str(getattr(request.state, "actor", "admin"))
+
+
+# --------------------------------------------------------------------------- base models
+
+
+@router.post("/base-models", status_code=201, response_model=BaseModelOut, tags=["base models"])
+def create_base_model(request: Request, body: BaseModelCreate) -> BaseModelOut:
+    spec = body.model_dump()
+    rec = write(state_of(request), lambda s: base_svc.create_base_model(s, spec, actor=_actor(request)))
+    return BaseModelOut.model_validate(rec)
+
+
+@router.get("/base-models", response_model=BaseModelPage, tags=["base models"])
+def list_base_models(request: Request, limit: Limit = None, cursor: Cursor = None) -> BaseModelPage:
+    page = read(state_of(request), lambda s: base_svc.list_base_models(s, limit=limit, cursor=cursor))
+    return BaseModelPage(
+        data=[BaseModelOut.model_validate(r) for r in page.data], next_cursor=page.next_cursor
+    )
+
+
+@router.get("/base-models/{name}", response_model=BaseModelOut, tags=["base models"])
+def get_base_model(request: Request, name: str) -> BaseModelOut:
+    adapter_svc.require_slug(name, "name")
+    return BaseModelOut.model_validate(read(state_of(request), lambda s: base_svc.get_base_model(s, name)))
+
+
+# --------------------------------------------------------------------------- adapters
+
+
+@router.post("/adapters", status_code=201, response_model=AdapterOut, tags=["adapters"])
+def create_adapter(request: Request, body: AdapterCreate) -> AdapterOut:
+    rec = write(
+        state_of(request),
+        lambda s: adapter_svc.create_adapter(
+            s,
+            adapter_id=body.id,
+            base_model=body.base_model,
+            owner=body.owner,
+            description=body.description,
+            actor=_actor(request),
+        ),
+    )
+    return AdapterOut.model_validate(rec)
+
+
+@router.get("/adapters", response_model=AdapterPage, tags=["adapters"])
+def list_adapters(
+    request: Request,
+    limit: Limit = None,
+    cursor: Cursor = None,
+    base_model: str | None = None,
+    owner: str | None = None,
+    status: str | None = None,
+) -> AdapterPage:
+    page = read(
+        state_of(request),
+        lambda s: adapter_svc.list_adapters(
+            s, limit=limit, cursor=cursor, base_model=base_model, owner=owner, status=status
+        ),
+    )
+    return AdapterPage(data=[AdapterOut.model_validate(r) for r in page.data], next_cursor=page.next_cursor)
+
+
+@router.get("/adapters/{adapter_id}", response_model=AdapterDetailOut, tags=["adapters"])
+def describe_adapter(request: Request, adapter_id: str) -> AdapterDetailOut:
+    rec = read(state_of(request), lambda s: adapter_svc.describe_adapter(s, adapter_id))
+    return AdapterDetailOut.model_validate(rec)
+
+
+@router.get("/adapters/{adapter_id}/versions", response_model=VersionPage, tags=["versions"])
+def list_versions(
+    request: Request, adapter_id: str, limit: Limit = None, cursor: Cursor = None
+) -> VersionPage:
+    page = read(
+        state_of(request), lambda s: adapter_svc.list_versions(s, adapter_id, limit=limit, cursor=cursor)
+    )
+    return VersionPage(data=[VersionOut.model_validate(r) for r in page.data], next_cursor=page.next_cursor)
+
+
+@router.get("/adapters/{adapter_id}/versions/{version}", response_model=VersionOut, tags=["versions"])
+def get_version(request: Request, adapter_id: str, version: str) -> VersionOut:
+    rec = read(state_of(request), lambda s: adapter_svc.get_version(s, adapter_id, version))
+    return VersionOut.model_validate(rec)
+
+
+# --------------------------------------------------------------------------- state changes
+
+
+@router.post(
+    "/adapters/{adapter_id}/versions/{version}/promote", response_model=AdapterDetailOut, tags=["lifecycle"]
+)
+def promote(
+    request: Request, adapter_id: str, version: str, body: Annotated[PromoteBody | None, Body()] = None
+) -> AdapterDetailOut:
+    """Make ``version`` active, or with ``canary_weight`` (1–99) the canary with that share."""
+    weight = body.canary_weight if body is not None else None
+    rec = write(
+        state_of(request),
+        lambda s: lifecycle.promote(s, adapter_id, version, canary_weight=weight, actor=_actor(request)),
+    )
+    return AdapterDetailOut.model_validate(rec)
+
+
+@router.post("/adapters/{adapter_id}/rollback", response_model=AdapterDetailOut, tags=["lifecycle"])
+def rollback(request: Request, adapter_id: str) -> AdapterDetailOut:
+    """The active version's ``rollback_to`` becomes active again (disabled ones skipped)."""
+    rec = write(state_of(request), lambda s: lifecycle.rollback(s, adapter_id, actor=_actor(request)))
+    return AdapterDetailOut.model_validate(rec)
+
+
+@router.post("/adapters/{adapter_id}/disable", response_model=AdapterDetailOut, tags=["lifecycle"])
+def disable_adapter(request: Request, adapter_id: str) -> AdapterDetailOut:
+    """Kill switch: every request for the adapter fails fast; replicas unload it."""
+    rec = write(
+        state_of(request),
+        lambda s: lifecycle.set_adapter_enabled(s, adapter_id, False, actor=_actor(request)),
+    )
+    return AdapterDetailOut.model_validate(rec)
+
+
+@router.post("/adapters/{adapter_id}/enable", response_model=AdapterDetailOut, tags=["lifecycle"])
+def enable_adapter(request: Request, adapter_id: str) -> AdapterDetailOut:
+    """Undo the kill switch: the previous active/canary state is served again."""
+    rec = write(
+        state_of(request), lambda s: lifecycle.set_adapter_enabled(s, adapter_id, True, actor=_actor(request))
+    )
+    return AdapterDetailOut.model_validate(rec)
+
+
+@router.post(
+    "/adapters/{adapter_id}/versions/{version}/disable", response_model=AdapterDetailOut, tags=["lifecycle"]
+)
+def disable_version(request: Request, adapter_id: str, version: str) -> AdapterDetailOut:
+    """Block one version; disabling the active version rolls back when it can."""
+    rec = write(
+        state_of(request), lambda s: lifecycle.disable_version(s, adapter_id, version, actor=_actor(request))
+    )
+    return AdapterDetailOut.model_validate(rec)

@@ -1,0 +1,160 @@
+"""Route: upload a version (multipart, every part named ``files``) or register one by reference
+(JSON ``{"source_uri": …}`` inside ``LORAPLANE_ALLOWED_SOURCES``).
+
+Order of events: 404 for an unknown adapter before the body is read; ``registry.ingest``
+streams + validates into a pending upload (a refusal aborts it and consumes no number); then
+one transaction inserts the version (number = max + 1) with its audit event and revision bump,
+the pending files are committed *before* the database commit, and the change is published
+only after both. If the database commit fails, the committed files are deleted again
+(``pending.abort()`` removes committed files too), so nothing refers to missing files and no
+files outlive a refused change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from kit.db import session_scope
+from kit.errors import InvalidRequest, Unavailable
+from registry.api.deps import AdminState, state_of
+from registry.api.schemas import SourceUpload, VersionOut
+from registry.feed import bind_feed, publish_committed
+from registry.services import adapters as adapter_svc
+from registry.services import base_models as base_svc
+from registry.services.records import BaseModelRecord, VersionRecord
+from registry.services.versions import register_version
+
+router = APIRouter(tags=["versions"])
+
+MAX_JSON_BODY = 64 * 1024
+
+_UPLOAD_DOC: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "files": {"type": "array", "items": {"type": "string", "format": "binary"}}
+                    },
+                    "required": ["files"],
+                }
+            },
+            "application/json": {"schema": SourceUpload.model_json_schema()},
+        },
+    }
+}
+
+
+def _lookup(st: AdminState, adapter_id: str) -> BaseModelRecord:
+    with session_scope(st.factory) as session:
+        adapter = adapter_svc.get_adapter(session, adapter_id)
+        return base_svc.get_base_model(session, adapter.base_model)
+
+
+def _spec(base: BaseModelRecord) -> Any:
+    from registry.validation import BaseModelSpec
+
+    return BaseModelSpec(
+        name=base.name,
+        hf_id=base.hf_id,
+        max_lora_rank=base.max_lora_rank,
+        target_modules=list(base.target_modules),
+        module_shapes={k: list(v) for k, v in base.module_shapes.items()} if base.module_shapes else None,
+    )
+
+
+async def _read_source_body(request: Request) -> str:
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw.extend(chunk)
+        if len(raw) > MAX_JSON_BODY:
+            raise InvalidRequest("JSON body too large")
+    try:
+        data = json.loads(bytes(raw))
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest("request body is not valid JSON") from None
+    try:
+        return SourceUpload.model_validate(data).source_uri
+    except ValueError as e:
+        raise InvalidRequest('expected {"source_uri": "s3://bucket/prefix/"}', details=str(e)) from None
+
+
+def _record(st: AdminState, adapter_id: str, result: Any, actor: str) -> VersionRecord:
+    pending = result.pending
+    try:
+        with session_scope(st.factory) as session:
+            bind_feed(session, st.feed)
+            rec = register_version(
+                session,
+                adapter_id,
+                rank=result.rank,
+                lora_alpha=result.lora_alpha,
+                target_modules=result.target_modules,
+                files=result.files,
+                storage_uri=pending.storage_uri,
+                actor=actor,
+            )
+            pending.commit()
+    except BaseException:
+        pending.abort()
+        raise
+    with contextlib.suppress(Exception):
+        publish_committed(session, st.feed)
+    return rec
+
+
+@router.post(
+    "/adapters/{adapter_id}/versions",
+    status_code=201,
+    response_model=VersionOut,
+    openapi_extra=_UPLOAD_DOC,
+)
+async def upload_version(request: Request, adapter_id: str) -> JSONResponse:
+    """Upload the files of a new version (multipart, every part named ``files``, the part's
+    filename being the artifact name) or register one by reference (``{"source_uri": …}``).
+    201 with the version record; 422 ``invalid_adapter`` with ``details.problems``; 413 over the
+    size cap."""
+    st = state_of(request)
+    actor = str(getattr(request.state, "actor", "admin"))
+    base = await anyio.to_thread.run_sync(_lookup, st, adapter_id)
+    if st.store is None:
+        raise Unavailable("no artifact store is configured", code="storage_unavailable")
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    try:
+        from registry import ingest  # type: ignore[attr-defined,unused-ignore]
+    except ImportError as e:  # the ingest module is not installed in this build
+        raise Unavailable("uploads are not available in this build", code="storage_unavailable") from e
+
+    if ctype == "multipart/form-data":
+        result = await ingest.ingest_multipart(
+            request,
+            store=st.store,
+            adapter_id=adapter_id,
+            base=_spec(base),
+            max_bytes=st.settings.max_adapter_bytes,
+        )
+    elif ctype == "application/json" or ctype.endswith("+json"):
+        source_uri = await _read_source_body(request)
+        result = await ingest.ingest_source(
+            source_uri,
+            allowed_sources=list(st.settings.allowed_sources),
+            store=st.store,
+            adapter_id=adapter_id,
+            base=_spec(base),
+            max_bytes=st.settings.max_adapter_bytes,
+        )
+    else:
+        raise InvalidRequest(
+            'upload as multipart/form-data (parts named `files`) or JSON {"source_uri": …}',
+            details={"content_type": ctype or None},
+        )
+    rec = await anyio.to_thread.run_sync(_record, st, adapter_id, result, actor)
+    return JSONResponse(status_code=201, content=VersionOut.model_validate(rec).model_dump(mode="json"))

@@ -1,0 +1,233 @@
+"""Request and response bodies of the admin API (pydantic); shapes of SPEC §5 and §13."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel as Schema
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+
+class _In(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Out(Schema):
+    model_config = ConfigDict(from_attributes=True)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class BaseModelCreate(_In):
+    name: StrictStr
+    hf_id: StrictStr = Field(min_length=1)
+    max_lora_rank: StrictInt = Field(ge=1)
+    target_modules: list[StrictStr] = Field(min_length=1)
+    module_shapes: dict[str, list[StrictInt]] | None = None
+    revision: StrictStr | None = None
+
+
+class AdapterCreate(_In):
+    id: StrictStr
+    base_model: StrictStr
+    owner: StrictStr | None = None
+    description: StrictStr | None = None
+
+
+class PromoteBody(_In):
+    canary_weight: StrictInt | None = Field(default=None, ge=1, le=99)
+
+
+class LimitsIn(_In):
+    rpm: StrictInt | None = Field(default=None, ge=0)
+    tpm: StrictInt | None = Field(default=None, ge=0)
+    max_concurrency: StrictInt | None = Field(default=None, ge=0)
+
+
+class TenantCreate(_In):
+    id: StrictStr
+    name: StrictStr | None = None
+    limits: LimitsIn | None = None
+    base_model_access: StrictBool = False
+
+
+class TenantPatch(_In):
+    name: StrictStr | None = Field(default=None, min_length=1)
+    limits: LimitsIn | None = None
+    base_model_access: StrictBool | None = None
+
+
+class GrantPut(_In):
+    rpm: StrictInt | None = Field(default=None, ge=0)
+    tpm: StrictInt | None = Field(default=None, ge=0)
+
+
+class PrewarmBody(_In):
+    replicas: StrictInt = Field(default=1, ge=1, le=1024)
+
+
+class SourceUpload(_In):
+    source_uri: StrictStr = Field(min_length=1)
+
+
+# --------------------------------------------------------------------------- responses
+
+
+class BaseModelOut(_Out):
+    name: str
+    hf_id: str
+    max_lora_rank: int
+    target_modules: list[str]
+    module_shapes: dict[str, list[int]] | None
+    revision: str | None
+    created_at: datetime
+
+
+class FileOut(_Out):
+    name: str
+    size: int
+    sha256: str
+
+
+class VersionOut(_Out):
+    adapter_id: str
+    version: str
+    status: str
+    rank: int
+    lora_alpha: float
+    target_modules: list[str]
+    files: list[FileOut]
+    storage_uri: str
+    rollback_to: str | None
+    quality_gate: str
+    created_by: str
+    created_at: datetime
+
+
+class AdapterOut(_Out):
+    id: str
+    base_model: str
+    owner: str | None
+    description: str | None
+    status: str
+    active_version: str | None
+    canary_version: str | None
+    canary_weight: int | None
+    created_at: datetime
+
+
+class AdapterDetailOut(AdapterOut):
+    versions: list[VersionOut]
+
+
+class LimitsOut(_Out):
+    rpm: int | None
+    tpm: int | None
+    max_concurrency: int | None
+
+
+class GrantOut(_Out):
+    tenant_id: str
+    adapter_id: str
+    rpm: int | None
+    tpm: int | None
+
+
+class KeyOut(_Out):
+    key_id: str
+    tenant_id: str
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class IssuedKeyOut(_Out):
+    key_id: str
+    key: str
+    prefix: str
+    created_at: datetime
+
+
+class TenantOut(_Out):
+    id: str
+    name: str
+    limits: LimitsOut
+    base_model_access: bool
+    created_at: datetime
+
+
+class TenantDetailOut(TenantOut):
+    grants: list[GrantOut]
+    keys: list[KeyOut]
+
+
+class AuditOut(_Out):
+    id: int
+    ts: datetime
+    actor: str
+    action: str
+    subject_type: str
+    subject_id: str
+    details: dict[str, Any]
+
+
+class BaseModelPage(Schema):
+    data: list[BaseModelOut]
+    next_cursor: str | None
+
+
+class AdapterPage(Schema):
+    data: list[AdapterOut]
+    next_cursor: str | None
+
+
+class VersionPage(Schema):
+    data: list[VersionOut]
+    next_cursor: str | None
+
+
+class TenantPage(Schema):
+    data: list[TenantOut]
+    next_cursor: str | None
+
+
+class AuditPage(Schema):
+    data: list[AuditOut]
+    next_cursor: str | None
+
+
+class ReplicaAdapterOut(Schema):
+    model_config = ConfigDict(extra="allow")
+    adapter: str
+    version: str
+    lora_name: str
+    state: str
+
+
+class ReplicaOut(Schema):
+    model_config = ConfigDict(extra="allow")
+    url: str
+    pool: str | None = None
+    base_model: str | None = None
+    healthy: bool
+    adapters: list[ReplicaAdapterOut] = []
+    running: int | None = None
+    waiting: int | None = None
+    last_seen: Any = None
+
+
+class ReplicaList(Schema):
+    data: list[ReplicaOut]
+    next_cursor: str | None = None
+
+
+class ErrorBody(Schema):
+    code: str
+    message: str
+    details: Any = None
+
+
+class ErrorOut(Schema):
+    error: ErrorBody
