@@ -20,3 +20,13 @@
 
 See ``registry.storage.base`` for the Protocol definitions and ``make_store(settings)``.
 """
+
+from registry.storage.base import (
+    ArtifactStore,
+    FileWriter,
+    PendingUpload,
+    SourceEntry,
+    make_store,
+)
+
+__all__ = ["ArtifactStore", "FileWriter", "PendingUpload", "SourceEntry", "make_store"]

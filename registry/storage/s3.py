@@ -1,0 +1,392 @@
+"""S3 artifact store (boto3; AWS, MinIO, SeaweedFS, … — path-style for custom endpoints).
+
+Objects live at ``<prefix>adapters/<adapter_id>/<uuid>/<name>``; a version's storage URI is
+``s3://<bucket>/<prefix>adapters/<adapter_id>/<uuid>/``. A file is written as a streaming
+multipart upload: parts of ``s3_multipart_chunk_bytes`` are handed to a thread pool as they
+fill (at most ``max_inflight_parts`` per file in flight, so memory stays bounded) while sha256
+and size are computed on the way; a file smaller than one part is a single ``put_object``.
+``abort()`` aborts open multipart uploads and deletes every object under the version's
+prefix. botocore errors become :mod:`kit.errors` (a down S3 is 503 ``storage_unavailable``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, cast
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from kit.errors import InvalidRequest, LoraplaneError, NotFound, Unavailable
+from registry.snapshot import FileInfo
+from registry.storage.base import HashingCounter, SourceEntry, list_file_source, open_file_source
+from registry.validation import check_filename
+
+if TYPE_CHECKING:
+    from registry.settings import RegistrySettings
+
+log = logging.getLogger(__name__)
+
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+_NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404", "NoSuchBucket"}
+MIN_PART = 5 * 1024 * 1024
+READ_BUFFER = 1024 * 1024
+
+
+def make_s3_client(settings: RegistrySettings) -> Any:
+    """A boto3 S3 client from the registry settings (path-style addressing for custom endpoints)."""
+    s3cfg: dict[str, Any] = {"addressing_style": "path"} if settings.s3_endpoint_url else {}
+    cfg = Config(
+        s3=s3cfg,  # type: ignore[arg-type]
+        retries={"max_attempts": 3, "mode": "standard"},
+        max_pool_connections=32,
+        connect_timeout=5,
+        read_timeout=120,
+    )
+    secret = settings.s3_secret_access_key.get_secret_value() if settings.s3_secret_access_key else None
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint_url,
+        region_name=settings.s3_region,
+        aws_access_key_id=settings.s3_access_key_id,
+        aws_secret_access_key=secret,
+        config=cfg,
+    )
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/key/prefix/`` → ``("bucket", "key/prefix/")``."""
+    if not uri.startswith("s3://"):
+        raise InvalidRequest(f"not an s3:// URI: {uri!r}")
+    bucket, _, key = uri[5:].partition("/")
+    if not _BUCKET_RE.match(bucket):
+        raise InvalidRequest(f"bad bucket name in {uri!r}")
+    return bucket, key
+
+
+def _raise_translated(e: Exception, what: str) -> NoReturn:
+    if isinstance(e, ClientError):
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        if code in _NOT_FOUND_CODES:
+            raise NotFound(f"S3 {what}: {code}", code="artifact_not_found") from e
+        raise Unavailable(f"S3 {what} failed: {code or 'error'}", code="storage_unavailable") from e
+    raise Unavailable(f"S3 {what} failed: {type(e).__name__}", code="storage_unavailable") from e
+
+
+@contextlib.contextmanager
+def s3_errors(what: str) -> Iterator[None]:
+    """Translate botocore errors raised inside the block into kit.errors."""
+    try:
+        yield
+    except (ClientError, BotoCoreError) as e:
+        _raise_translated(e, what)
+
+
+class _S3Body(io.RawIOBase):
+    """A botocore StreamingBody as a raw binary stream with translated errors."""
+
+    def __init__(self, body: Any, what: str) -> None:
+        self._body = body
+        self._what = what
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        with s3_errors(self._what):
+            data = self._body.read(len(b))
+        n = len(data)
+        b[:n] = data
+        return n
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._body.close()
+        super().close()
+
+
+def _open_object(client: Any, bucket: str, key: str) -> BinaryIO:
+    what = f"read s3://{bucket}/{key}"
+    with s3_errors(what):
+        resp = client.get_object(Bucket=bucket, Key=key)
+    return cast(BinaryIO, io.BufferedReader(_S3Body(resp["Body"], what), buffer_size=READ_BUFFER))
+
+
+def _delete_all(client: Any, bucket: str, prefix: str) -> None:
+    """Delete every object and abort every multipart upload under ``prefix``."""
+    with s3_errors(f"delete s3://{bucket}/{prefix}"):
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for page in pages:
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+        resp = client.list_multipart_uploads(Bucket=bucket, Prefix=prefix)
+        for up in resp.get("Uploads", []):
+            with contextlib.suppress(ClientError):
+                client.abort_multipart_upload(Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+
+
+class S3SourceReader:
+    """Reads register-by-reference sources: ``s3://bucket/prefix/`` (and ``file://``)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def list_source(self, source_uri: str) -> list[SourceEntry]:
+        if source_uri.startswith("file:"):
+            return list_file_source(source_uri)
+        bucket, prefix = parse_s3_uri(source_uri)
+        out: list[SourceEntry] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix, Delimiter="/"
+            )
+            for page in pages:
+                for o in page.get("Contents", []):
+                    name = o["Key"][len(prefix) :]
+                    if name:
+                        out.append(SourceEntry(name, int(o["Size"])))
+        except (ClientError, BotoCoreError) as e:
+            _raise_translated(e, f"list {source_uri}")
+        return sorted(out, key=lambda s: s.name)
+
+    def open_source(self, source_uri: str, name: str) -> BinaryIO:
+        if source_uri.startswith("file:"):
+            return open_file_source(source_uri, name)
+        bucket, prefix = parse_s3_uri(source_uri)
+        return _open_object(self.client, bucket, prefix + name)
+
+
+class S3FileWriter:
+    """Streams one object: single put when small, else multipart with parts in flight."""
+
+    def __init__(self, pending: S3PendingUpload, name: str) -> None:
+        self.name = name
+        self._p = pending
+        self.key = pending.key_prefix + name
+        self._buf = bytearray()
+        self._hc = HashingCounter()
+        self.upload_id: str | None = None
+        self._futures: list[Future[dict[str, Any]]] = []
+        self._slots = threading.BoundedSemaphore(pending.store.max_inflight_parts)
+        self._next_part = 1
+        self._info: FileInfo | None = None
+
+    def write(self, chunk: bytes) -> None:
+        if self._info is not None:
+            raise RuntimeError(f"write to closed file {self.name!r}")
+        self._p.check_open()
+        self._hc.update(chunk)
+        self._buf += chunk
+        ps = self._p.store.part_size
+        while len(self._buf) >= ps:
+            with memoryview(self._buf) as mv:
+                part = bytes(mv[:ps])
+            del self._buf[:ps]
+            self._submit(part)
+
+    def _submit(self, part: bytes) -> None:
+        self._raise_failed()
+        if self.upload_id is None:
+            self.upload_id = self._p.start_multipart(self.key)
+        self._slots.acquire()
+        n = self._next_part
+        self._next_part += 1
+        try:
+            fut = self._p.store.executor.submit(self._upload_part, n, part)
+        except BaseException:
+            self._slots.release()
+            raise
+        self._futures.append(fut)
+
+    def _upload_part(self, n: int, data: bytes) -> dict[str, Any]:
+        try:
+            with s3_errors(f"upload part {n} of {self.key}"):
+                resp = self._p.client.upload_part(
+                    Bucket=self._p.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=n, Body=data
+                )
+            return {"PartNumber": n, "ETag": resp["ETag"]}
+        finally:
+            self._slots.release()
+
+    def _raise_failed(self) -> None:
+        for f in self._futures:
+            if f.done() and f.exception() is not None:
+                f.result()
+
+    def close(self) -> FileInfo:
+        if self._info is not None:
+            return self._info
+        self._p.check_open()
+        if self.upload_id is None:
+            with s3_errors(f"put {self.key}"):
+                self._p.client.put_object(Bucket=self._p.bucket, Key=self.key, Body=bytes(self._buf))
+            self._p.note_written(self.key)
+        else:
+            if self._buf:
+                self._submit(bytes(self._buf))
+            self._buf = bytearray()
+            parts = [f.result() for f in self._futures]
+            with s3_errors(f"complete {self.key}"):
+                self._p.client.complete_multipart_upload(
+                    Bucket=self._p.bucket,
+                    Key=self.key,
+                    UploadId=self.upload_id,
+                    MultipartUpload={"Parts": parts},
+                )
+            self._p.note_written(self.key, completed_upload=self.upload_id)
+        self._buf = bytearray()
+        self._futures = []
+        self._info = FileInfo(name=self.name, size=self._hc.size, sha256=self._hc.hexdigest())
+        return self._info
+
+    def _drain(self, timeout: float) -> None:
+        for f in self._futures:
+            f.cancel()
+        wait_futures(self._futures, timeout=timeout)
+        self._buf = bytearray()
+
+
+class S3PendingUpload:
+    def __init__(self, store: S3ArtifactStore, adapter_id: str) -> None:
+        self.store = store
+        self.client = store.client
+        self.bucket = store.bucket
+        self.key_prefix = f"{store.prefix}adapters/{adapter_id}/{uuid.uuid4().hex}/"
+        self.storage_uri = f"s3://{self.bucket}/{self.key_prefix}"
+        self._writers: dict[str, S3FileWriter] = {}
+        self._uploads: dict[str, str] = {}  # key → open multipart upload id
+        self._written: set[str] = set()
+        self._lock = threading.Lock()
+        self._state = "open"
+
+    def check_open(self) -> None:
+        if self._state != "open":
+            raise LoraplaneError(f"upload was {self._state}", code="upload_aborted", status=409)
+
+    def writer(self, name: str) -> S3FileWriter:
+        self.check_open()
+        problem = check_filename(name)
+        if problem:
+            raise InvalidRequest(problem)
+        if name in self._writers:
+            raise InvalidRequest(f"file {name!r} written twice")
+        w = S3FileWriter(self, name)
+        self._writers[name] = w
+        return w
+
+    def start_multipart(self, key: str) -> str:
+        with s3_errors(f"start upload of {key}"):
+            upload_id = str(self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"])
+        with self._lock:
+            if self._state == "open":
+                self._uploads[key] = upload_id
+                return upload_id
+        # aborted while we were starting: undo at once
+        with contextlib.suppress(ClientError, BotoCoreError):
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        self.check_open()
+        raise AssertionError("unreachable")
+
+    def note_written(self, key: str, completed_upload: str | None = None) -> None:
+        with self._lock:
+            self._written.add(key)
+            if completed_upload is not None:
+                self._uploads.pop(key, None)
+
+    def commit(self) -> None:
+        self.check_open()
+        for w in self._writers.values():
+            w.close()
+        self._state = "committed"
+
+    def abort(self) -> None:
+        with self._lock:
+            self._state = "aborted"
+            uploads = dict(self._uploads)
+            written = set(self._written)
+        for w in self._writers.values():
+            w._drain(timeout=120)
+        try:
+            for key, upload_id in uploads.items():
+                with contextlib.suppress(ClientError):
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            for key in written:
+                self.client.delete_object(Bucket=self.bucket, Key=key)
+            _delete_all(self.client, self.bucket, self.key_prefix)
+        except (ClientError, BotoCoreError, LoraplaneError) as e:
+            log.warning(
+                "abort of %s left objects behind: %s", self.storage_uri, e, extra={"event": "s3_abort_failed"}
+            )
+
+
+class S3ArtifactStore:
+    scheme = "s3"
+
+    def __init__(
+        self,
+        client: Any,
+        bucket: str,
+        prefix: str = "loraplane/",
+        *,
+        part_size: int = 16 * 1024 * 1024,
+        max_inflight_parts: int = 2,
+        workers: int = 8,
+    ) -> None:
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.lstrip("/")
+        self.part_size = max(part_size, MIN_PART)
+        self.max_inflight_parts = max(1, max_inflight_parts)
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="s3-part")
+        self._sources = S3SourceReader(client)
+
+    @classmethod
+    def from_settings(cls, settings: RegistrySettings) -> S3ArtifactStore:
+        assert settings.s3_bucket
+        return cls(
+            make_s3_client(settings),
+            settings.s3_bucket,
+            settings.s3_prefix,
+            part_size=settings.s3_multipart_chunk_bytes,
+        )
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+    def begin(self, adapter_id: str) -> S3PendingUpload:
+        if "/" in adapter_id or not adapter_id or ".." in adapter_id:
+            raise InvalidRequest(f"bad adapter id {adapter_id!r}")
+        return S3PendingUpload(self, adapter_id)
+
+    def _own_prefix(self, storage_uri: str) -> str:
+        bucket, key = parse_s3_uri(storage_uri)
+        if bucket != self.bucket or not key.startswith(self.prefix + "adapters/") or ".." in key:
+            raise InvalidRequest(f"storage URI {storage_uri!r} is not inside this artifact store")
+        return key if key.endswith("/") else key + "/"
+
+    def open_read(self, storage_uri: str, name: str) -> BinaryIO:
+        problem = check_filename(name)
+        if problem:
+            raise InvalidRequest(problem)
+        return _open_object(self.client, self.bucket, self._own_prefix(storage_uri) + name)
+
+    def delete_prefix(self, storage_uri: str) -> None:
+        _delete_all(self.client, self.bucket, self._own_prefix(storage_uri))
+
+    def list_source(self, source_uri: str) -> list[SourceEntry]:
+        return self._sources.list_source(source_uri)
+
+    def open_source(self, source_uri: str, name: str) -> BinaryIO:
+        return self._sources.open_source(source_uri, name)
