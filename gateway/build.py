@@ -1,0 +1,75 @@
+"""Assemble a gateway from settings: snapshot loader, change feed, router, limiter.
+
+Used by ``loraplane up`` (SQLite, in-process feed, in-memory limiter) and ``loraplane serve``
+(PostgreSQL + LISTEN/NOTIFY feed, Redis limiter, S3 artifacts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Engine
+
+from gateway.ratelimit import Limiter, MemoryLimiter, RedisLimiter
+from gateway.service import Gateway
+from gateway.settings import GatewaySettings
+from gateway.table import Feed, RoutingTable
+from kit.db import make_session_factory, session_scope
+from registry.snapshot import RoutingSnapshot
+
+
+def snapshot_loader(engine: Engine) -> Callable[[], RoutingSnapshot]:
+    """A blocking callable that reads the routing snapshot in one read transaction."""
+    from registry.services.snapshot import load_snapshot
+
+    factory = make_session_factory(engine)
+
+    def load() -> RoutingSnapshot:
+        with session_scope(factory) as session:
+            return load_snapshot(session)
+
+    return load
+
+
+def make_limiter(settings: GatewaySettings, redis: Any | None = None) -> Limiter:
+    """Redis limiter when Redis is configured (atomic across processes), else in memory."""
+    if redis is None and settings.redis_url:
+        from kit.redis_factory import make_redis
+
+        redis = make_redis(settings.redis_url, timeout=settings.redis_timeout_s)
+    if redis is None:
+        return MemoryLimiter()
+    return RedisLimiter(
+        redis,
+        prefix=settings.redis_prefix,
+        lease_s=settings.concurrency_lease_s,
+        timeout_s=settings.redis_timeout_s,
+    )
+
+
+def build_gateway(
+    settings: GatewaySettings,
+    *,
+    router: Any,
+    engine: Engine | None = None,
+    loader: Callable[[], RoutingSnapshot] | None = None,
+    feed: Feed | None = None,
+    limiter: Limiter | None = None,
+    manage_router: bool = True,
+) -> Gateway:
+    """A gateway whose routing table follows ``feed`` and pushes every snapshot to ``router``."""
+    if loader is None:
+        if engine is None:
+            raise ValueError("build_gateway needs an engine or a loader")
+        loader = snapshot_loader(engine)
+    table = RoutingTable(
+        loader, feed=feed, on_snapshot=router.update_snapshot, refresh_s=settings.snapshot_refresh_s
+    )
+    return Gateway(
+        settings,
+        router=router,
+        table=table,
+        limiter=limiter if limiter is not None else make_limiter(settings),
+        manage_router=manage_router,
+    )

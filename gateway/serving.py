@@ -1,0 +1,76 @@
+"""Run ASGI apps under uvicorn (uvloop + httptools) — several servers on one event loop,
+with our own SIGINT/SIGTERM handling (uvicorn's would re-raise the signal after shutdown)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Generator
+from typing import Any, Literal
+
+import uvicorn
+
+
+class QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to its owner."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def make_server(
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    log_level: str = "warning",
+    lifespan: Literal["auto", "on", "off"] = "on",
+) -> QuietServer:
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        lifespan=lifespan,
+        log_level=log_level.lower(),
+        access_log=False,
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=5,
+        backlog=4096,
+    )
+    return QuietServer(config)
+
+
+async def serve_all(servers: list[QuietServer], stop: asyncio.Event | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (or ``stop``), then shut every server down."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    waiter = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+    for s in servers:
+        s.should_exit = True
+    await asyncio.gather(*tasks, return_exceptions=True)
+    waiter.cancel()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(sig)
+    for t in tasks:
+        if t in done and t.exception() is not None:
+            raise t.exception()  # type: ignore[misc]
+
+
+async def wait_started(servers: list[QuietServer], timeout: float = 30.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not all(s.started for s in servers):
+            for s in servers:
+                if s.should_exit:
+                    raise RuntimeError("a server failed to start")
+            await asyncio.sleep(0.02)

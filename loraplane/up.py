@@ -1,0 +1,229 @@
+"""``loraplane up``: the whole platform in one process on the embedded defaults (SPEC §12, §13).
+
+SQLite and local artifacts under ``--data-dir``, migrations applied, N simulator processes of
+the base model (sharing the router's local staging directory), the registry admin API and the
+gateway as two uvicorn servers on one event loop (in-process change feed and replica
+directory, in-memory rate limits). ``--demo`` registers two small generated adapters, a tenant
+and a key through the admin API (idempotent across restarts) and prints ready examples.
+SIGINT and SIGTERM stop everything, simulators included; a second ``up`` keeps the data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import typer
+
+log = logging.getLogger("loraplane.up")
+
+DEMO_TENANT = "demo"
+DEMO_ADAPTERS = (("demo-support", 1, "Friendly support assistant (generated demo adapter)"),
+                 ("demo-sql", 2, "SQL helper (generated demo adapter)"))  # fmt: skip
+
+
+def admin_token_for(data_dir: Path) -> tuple[str, bool]:
+    """``LORAPLANE_ADMIN_TOKEN``, else the one persisted in the data dir, else a new one (saved)."""
+    env = os.environ.get("LORAPLANE_ADMIN_TOKEN")
+    if env:
+        return env, False
+    path = data_dir / "admin_token"
+    if path.exists():
+        token = path.read_text().strip()
+        if token:
+            return token, False
+    token = secrets.token_urlsafe(32)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token, True
+
+
+def setup_demo(admin_url: str, token: str, base_model: str, data_dir: Path) -> dict[str, Any]:
+    """Adapters, tenant, grants and key for the demo — creating only what is missing."""
+    from registry.adapter_factory import write_adapter
+    from registry.admin_client import AdminAPIError, AdminClient
+    from registry.demo import demo_base_model
+
+    hf_id = demo_base_model(base_model)["hf_id"]
+    adapters = []
+    with AdminClient(admin_url, token) as c:
+        existing = {a["id"] for a in c.list_adapters()}
+        for aid, seed, desc in DEMO_ADAPTERS:
+            if aid not in existing:
+                c.create_adapter(aid, base_model, owner="demo", description=desc)
+            info = c.get_adapter(aid)
+            if not info.get("active_version"):
+                with tempfile.TemporaryDirectory(prefix="lp-demo-") as tmp:
+                    d = Path(tmp) / aid
+                    write_adapter(d, rank=8, alpha=16, target_modules=("q_proj", "v_proj"), seed=seed,
+                                  base_model_name_or_path=hf_id)  # fmt: skip
+                    version = c.upload_version(aid, d)
+                c.promote(aid, version["version"])
+            adapters.append(aid)
+        created = False
+        try:
+            c.get_tenant(DEMO_TENANT)
+        except AdminAPIError as e:
+            if e.status != 404:
+                raise
+            c.create_tenant(DEMO_TENANT, name="Demo tenant", base_model_access=True,
+                            limits={"rpm": 600, "tpm": 500000, "max_concurrency": 64})  # fmt: skip
+            created = True
+        for aid in adapters:
+            c.put_grant(DEMO_TENANT, aid)
+        key_file = data_dir / "demo_key.json"
+        key = None
+        if key_file.exists() and not created:
+            key = json.loads(key_file.read_text()).get("key")
+        if not key:
+            issued = c.issue_key(DEMO_TENANT)
+            key = issued["key"]
+            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"tenant": DEMO_TENANT, "key_id": issued["key_id"], "key": key}, f)
+    return {"tenant": DEMO_TENANT, "key": key, "adapters": adapters}
+
+
+def demo_examples(gateway_url: str, key: str, model: str) -> tuple[str, str]:
+    curl = (
+        f"curl -s {gateway_url}/v1/chat/completions \\\n"
+        f'  -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\\n'
+        f'  -d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\''
+    )
+    py = (
+        "from openai import OpenAI\n"
+        f'client = OpenAI(base_url="{gateway_url}/v1", api_key="{key}")\n'
+        "reply = client.chat.completions.create(\n"
+        f'    model="{model}",\n'
+        '    messages=[{"role": "user", "content": "Hello!"}],\n'
+        ")\n"
+        "print(reply.model, reply.choices[0].message.content)\n"
+    )
+    return curl, py
+
+
+async def run_up(
+    *, data_dir: Path, replicas: int, base_model: str, port: int, admin_port: int, demo: bool,
+    host: str = "127.0.0.1",
+) -> None:  # fmt: skip
+    from gateway import GatewaySettings, build_gateway, create_gateway_app
+    from gateway.serving import make_server, serve_all, wait_started
+    from kit.db import make_engine, make_session_factory, session_scope
+    from registry import migrate
+    from registry.api import create_admin_app
+    from registry.demo import demo_base_model
+    from registry.feed import make_feed
+    from registry.services.audit import DbAuditSink
+    from registry.services.bootstrap import ensure_base_model
+    from registry.settings import RegistrySettings
+    from registry.storage.base import make_store
+    from router import PoolConfig, Router, RouterSettings
+    from simulator.procs import start_simulators, stop_all
+
+    data_dir = data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    token, generated = admin_token_for(data_dir)
+    common: dict[str, Any] = {"data_dir": data_dir, "admin_token": token}
+    reg_settings = RegistrySettings(**common, admin_host=host, admin_port=admin_port)
+    url = reg_settings.resolved_database_url()
+    await asyncio.to_thread(migrate.upgrade, url)
+    engine = make_engine(url)
+    factory = make_session_factory(engine)
+
+    def bootstrap() -> None:
+        with session_scope(factory) as s:
+            ensure_base_model(s, demo_base_model(base_model))
+
+    await asyncio.to_thread(bootstrap)
+    print(f"starting {replicas} simulated replica(s) of {base_model} …", flush=True)
+    sims = await asyncio.to_thread(start_simulators, replicas, model=base_model)
+    try:
+        rsettings = RouterSettings(
+            **common, redis_url=None,
+            pools=[PoolConfig(name="local", base_model=base_model, urls=[p.url for p in sims])],
+        )  # fmt: skip
+        gsettings = GatewaySettings(**common, redis_url=None, gateway_host=host, gateway_port=port)
+        store = make_store(reg_settings)
+        feed = make_feed(reg_settings, engine, kind="inprocess")
+        router = Router(rsettings, store=store, audit=DbAuditSink(factory))
+        gateway = build_gateway(gsettings, router=router, engine=engine, feed=feed)
+        admin_app = create_admin_app(
+            reg_settings, engine=engine, store=store, feed=feed, replica_directory=router.directory
+        )
+        servers = [
+            make_server(admin_app, host, admin_port, log_level=gsettings.log_level),
+            make_server(create_gateway_app(gateway), host, port, log_level=gsettings.log_level),
+        ]
+        stop = asyncio.Event()
+        serving = asyncio.create_task(serve_all(servers, stop))
+        try:
+            await wait_started(servers)
+        except BaseException:
+            stop.set()
+            await serving
+            raise
+        gw_url, admin_url = f"http://{host}:{port}", f"http://{host}:{admin_port}"
+        print(f"gateway   {gw_url}/v1   (OpenAI-compatible)", flush=True)
+        print(f"admin API {admin_url}/admin/v1", flush=True)
+        print(f"admin token: {token}" + ("   (generated; saved in " + str(data_dir / "admin_token") + ")"
+                                         if generated else ""), flush=True)  # fmt: skip
+        if demo:
+            try:
+                info = await asyncio.to_thread(setup_demo, admin_url, token, base_model, data_dir)
+            except Exception as e:
+                print(f"demo set-up failed: {type(e).__name__}: {e}", flush=True)
+                stop.set()
+                await serving
+                raise typer.Exit(1) from e
+            model = f"{base_model}:{info['adapters'][0]}"
+            curl, py = demo_examples(gw_url, info["key"], model)
+            (data_dir / "demo_openai.py").write_text(py)
+            print(f"\ndemo tenant `{info['tenant']}`, key: {info['key']}", flush=True)
+            print(f"models: {base_model}, " + ", ".join(f"{base_model}:{a}" for a in info["adapters"]))
+            print("\ncurl example:\n" + curl, flush=True)
+            print("\nopenai example (python):\n# --- openai example ---\n" + py + "# --- end ---", flush=True)
+        print("\nloraplane is up — Ctrl-C to stop.", flush=True)
+        await serving
+    finally:
+        print("stopping …", flush=True)
+        await asyncio.to_thread(stop_all, sims)
+        engine.dispose()
+        print("stopped.", flush=True)
+
+
+def up(
+    data_dir: Path = typer.Option(
+        Path(".loraplane"), "--data-dir", help="SQLite, artifacts and staging live here."
+    ),
+    replicas: int = typer.Option(2, "--replicas", min=1, max=16, help="Simulated replicas to start."),
+    base_model: str = typer.Option("demo-base", "--base-model", help="Base model the simulators serve."),
+    port: int = typer.Option(8080, "--port", help="Gateway port (OpenAI-compatible API)."),
+    admin_port: int = typer.Option(8081, "--admin-port", help="Admin API port."),
+    demo: bool = typer.Option(False, "--demo", help="Also register demo adapters, a tenant and a key."),
+) -> None:
+    """Start everything on the embedded defaults: registry, gateway, router and simulated replicas."""
+    import uvloop
+
+    from kit.logs import setup_logging
+
+    setup_logging(
+        os.environ.get("LORAPLANE_LOG_LEVEL", "INFO"), os.environ.get("LORAPLANE_LOG_JSON", "1") != "0"
+    )
+    uvloop.run(
+        run_up(
+            data_dir=data_dir,
+            replicas=replicas,
+            base_model=base_model,
+            port=port,
+            admin_port=admin_port,
+            demo=demo,
+        )
+    )
