@@ -7,8 +7,7 @@ import re
 from collections.abc import Sequence
 
 import typer
-from click.testing import Result
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from registry.cli import adapters_app, base_models_app, db_app, tenants_app
 
