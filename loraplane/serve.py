@@ -1,0 +1,112 @@
+"""``loraplane serve --role registry|gateway|all``: the production processes, from settings.
+
+PostgreSQL (``LORAPLANE_DATABASE_URL``), S3 (``LORAPLANE_S3_*``), Redis (``LORAPLANE_REDIS_URL``)
+and replica pools (``LORAPLANE_POOLS``). Refuses to start on a stale schema ("run `loraplane db
+upgrade`"). Never starts simulators: with no pools configured the gateway says so and stays
+not-ready (``/readyz`` 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from enum import StrEnum
+from typing import Any
+
+import typer
+
+log = logging.getLogger("loraplane.serve")
+
+
+class Role(StrEnum):
+    registry = "registry"
+    gateway = "gateway"
+    all = "all"
+
+
+async def run_serve(role: Role) -> None:
+    from gateway import GatewaySettings, build_gateway, create_gateway_app
+    from gateway.serving import QuietServer, make_server, serve_all
+    from kit.db import make_engine, make_session_factory
+    from kit.errors import Unavailable
+    from kit.redis_factory import make_redis
+    from registry.feed import make_feed
+    from registry.migrate import check_schema
+    from registry.settings import RegistrySettings
+
+    reg_settings = RegistrySettings()
+    engine = make_engine(reg_settings.resolved_database_url())
+    try:
+        await asyncio.to_thread(check_schema, engine)
+    except Unavailable as e:
+        engine.dispose()
+        typer.echo(f"error: {e.message}", err=True)
+        raise typer.Exit(1) from None
+    feed = make_feed(reg_settings, engine)
+    servers: list[QuietServer] = []
+    router: Any = None
+    redis = make_redis(reg_settings.redis_url) if reg_settings.redis_url else None
+    store: Any = None
+    if role in (Role.gateway, Role.all):
+        from registry.services.audit import DbAuditSink
+        from registry.storage.base import make_store
+        from router import Router, RouterSettings
+
+        gsettings = GatewaySettings()
+        rsettings = RouterSettings()
+        if not rsettings.pools:
+            log.warning(
+                "no replica pools configured (LORAPLANE_POOLS): the gateway stays not-ready; "
+                "loraplane serve never starts simulated replicas"
+            )
+        store = make_store(reg_settings)
+        router = Router(rsettings, store=store, audit=DbAuditSink(make_session_factory(engine)), redis=redis)
+        gateway = build_gateway(gsettings, router=router, engine=engine, feed=feed)
+        servers.append(
+            make_server(
+                create_gateway_app(gateway),
+                gsettings.gateway_host,
+                gsettings.gateway_port,
+                log_level=gsettings.log_level,
+            )
+        )
+    if role in (Role.registry, Role.all):
+        from registry.api import create_admin_app
+
+        directory: Any = None
+        if router is not None:
+            directory = router.directory
+        elif redis is not None:
+            from router.directory import RedisReplicaDirectory
+
+            directory = RedisReplicaDirectory(redis, reg_settings.redis_prefix)
+        admin_app = create_admin_app(
+            reg_settings, engine=engine, store=store, feed=feed, replica_directory=directory
+        )
+        servers.append(
+            make_server(
+                admin_app, reg_settings.admin_host, reg_settings.admin_port, log_level=reg_settings.log_level
+            )
+        )
+    try:
+        await serve_all(servers)
+    finally:
+        if redis is not None:
+            await redis.aclose()
+        engine.dispose()
+
+
+def serve(
+    role: Role = typer.Option(
+        Role.all, "--role", help="registry (admin API), gateway (public API + router), or all."
+    ),
+) -> None:
+    """Run the production processes from settings (PostgreSQL, S3, Redis, LORAPLANE_POOLS)."""
+    import uvloop
+
+    from kit.logs import setup_logging
+    from kit.settings import LoraplaneSettings
+
+    base = LoraplaneSettings()
+    setup_logging(base.log_level, base.log_json)
+    uvloop.run(run_serve(role))
