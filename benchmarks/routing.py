@@ -208,13 +208,15 @@ def replay(
         if req.adapter is None:
             dispatch(rep, i, now)
             return
-        rec = rep.residents.get(req.adapter)
-        if rec is None:
+        found = rep.residents.get(req.adapter)
+        if found is None:
             rec = rep.residents[req.adapter] = _Rec(req.adapter, now)
             loads += 1
             if d.action == "replicate":
                 replications += 1
             push(now + cfg.load_overhead_s, "register", (rep, req.adapter))
+        else:
+            rec = found
         rec.inflight += 1
         rec.last_used = now
         if rec.state == "resident":
@@ -355,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load-overhead", type=float, default=0.1, help="router-side seconds per load")
     ap.add_argument("--scrape-interval", type=float, default=0.05)
     ap.add_argument("--profiles", default=",".join(PROFILES))
-    ap.add_argument("--params", default="{}", help='JSON params for the default profile, e.g. {"high_water":0.6}')
+    ap.add_argument(
+        "--params", default="{}", help='JSON params for the default profile, e.g. {"high_water":0.6}'
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "routing.json")
     a = ap.parse_args(argv)
 
@@ -386,20 +390,21 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append((scen, seed, asdict(spec), generate(spec)))
 
     report: dict[str, Any] = {"cluster": asdict(cfg), "default_params": default_params, "runs": []}
-    for scen, seed, spec_d, trace in runs:
-        title = f"{scen}" + (f" seed={seed}" if seed is not None else "")
+    for scen, seed_or_none, spec_d, trace in runs:
+        seed = seed_or_none or 0
+        title = f"{scen}" + (f" seed={seed}" if seed_or_none is not None else "")
         print(f"\n== {title}: {len(trace)} requests, {spec_d}")
         print(HEADER)
         results = []
         for name in profiles:
             params = default_params if name == "default" else {}
             if name in ("random", "gie-lora-affinity"):
-                params = {"seed": seed or 0}
+                params = {"seed": seed}
             r = replay(trace, make_profile(name, **params), cfg)
             results.append(r)
             print(_row(r), flush=True)
         report["runs"].append(
-            {"scenario": scen, "seed": seed, "trace": spec_d, "results": [asdict(r) for r in results]}
+            {"scenario": scen, "seed": seed_or_none, "trace": spec_d, "results": [asdict(r) for r in results]}
         )
     report["summary"] = _summary(report["runs"])
     print("\n== default vs baselines (wins on p99 TTFT and loads per run)")
@@ -425,10 +430,10 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             p99 = d["ttft_p99_s"] < r["ttft_p99_s"]
             ld = d["loads"] < r["loads"]
             all_win &= p99 and ld
+            dp, rp = d["ttft_p99_s"] * 1000, r["ttft_p99_s"] * 1000
             lines.append(
                 f"{run['scenario']:<8} seed={run['seed']}  vs {name:<18} p99 {'WIN ' if p99 else 'LOSS'} "
-                f"({d['ttft_p99_s'] * 1000:.0f} vs {r['ttft_p99_s'] * 1000:.0f} ms)  loads {'WIN ' if ld else 'LOSS'} "
-                f"({d['loads']} vs {r['loads']})"
+                f"({dp:.0f} vs {rp:.0f} ms)  loads {'WIN ' if ld else 'LOSS'} ({d['loads']} vs {r['loads']})"
             )
     return {"default_wins_everywhere": all_win, "lines": lines}
 

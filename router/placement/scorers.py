@@ -115,7 +115,8 @@ class RunningSetScorer(Scorer):
     | base-model request (never limited by max_loras)                  | 1.0                      |
     | A already has requests in flight there (shares its slot)         | 1.0                      |
     | running set has room (k distinct adapters in flight < max_loras) | 0.7 + 0.2 × (1 − k/max)  |
-    | running set full (A would be deferred behind the others)         | 0.0                      |
+    | running set full (k ≥ max_loras: A would be deferred behind the  | 0.4 / (1 + k − max)      |
+    | others; fewer adapters ahead of it is better)                    |                          |
     """
 
     name: ClassVar[str] = "running-set"
@@ -134,6 +135,8 @@ class RunningSetScorer(Scorer):
             k = summary(v).running
             if k < v.max_loras:
                 out[i] = 0.7 + 0.2 * (1.0 - k / v.max_loras)
+            else:
+                out[i] = 0.4 / (1 + k - v.max_loras)
         return out
 
 

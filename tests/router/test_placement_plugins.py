@@ -119,8 +119,10 @@ def test_running_set_scorer_table() -> None:
     empty = view("empty", max_loras=2)
     one = view("one", res("b", inflight=1), max_loras=2)
     full = view("full", res("a"), res("b", inflight=1), res("c", inflight=1), max_loras=2)
-    c = ctx("a", a_running, empty, one, full)
-    assert RunningSetScorer().score(c) == pytest.approx([1.0, 0.9, 0.8, 0.0])
+    over = view("over", res("b", inflight=1), res("c", inflight=1), res("d", inflight=2), max_loras=2)
+    c = ctx("a", a_running, empty, one, full, over)
+    # Full: 0.4 / (1 + k - max_loras) — the fewer adapters already queued ahead, the better.
+    assert RunningSetScorer().score(c) == pytest.approx([1.0, 0.9, 0.8, 0.4, 0.2])
     assert RunningSetScorer().score(ctx(None, full)) == [1.0]
 
 
