@@ -307,12 +307,68 @@ class EngineModel:
                 if self._step_end > now:
                     return
                 self._finish_step()
+                self._skip_steps(now)
                 continue
             if not (self._waiting or self._running) or self._free_at > now:
                 return
             if not self._start_step(self._free_at):
                 return
         raise RuntimeError("engine did not settle")  # pragma: no cover
+
+    def _blocked(self) -> bool:
+        """True when no waiting request could be scheduled at the next step boundary."""
+        p = self.params
+        if not self._waiting or len(self._running) >= p.max_num_seqs:
+            return True
+        batch = {r.lora_id for r in self._running if r.lora_id}
+        kv_used = sum(r.prompt_tokens + r.generated for r in self._running)
+        for req in self._waiting:
+            if self._running and kv_used + req.prompt_tokens > p.kv_cache_tokens:
+                return True
+            if req.lora_id and req.lora_id not in batch and len(batch) >= p.max_loras:
+                continue
+            return False
+        return True
+
+    def _skip_steps(self, now: float) -> None:
+        """Macro-step: jump over decode-only steps that change nothing but token counts.
+
+        Exact (same times and tokens as stepping one by one): it stops before any request
+        finishes, before ``now``, and only when nothing waiting could be scheduled.
+        """
+        running = self._running
+        if not running or self._step_end is not None or not self._blocked():
+            return
+        t = self._free_at
+        k_min = min(r.max_tokens - r.generated for r in running)
+        jumps = k_min - 1
+        if jumps <= 0:
+            return
+        for r in running:
+            if r.lora_id and r.lora_id not in self._gpu:
+                return
+        p = self.params
+        d = (p.decode_base_s + p.decode_per_seq_s * len(running)) * p.time_scale
+        if d > 0:
+            jumps = min(jumps, int((now - t) / d))
+            if jumps <= 0:
+                return
+        streamers = [r for r in running if r.want_tokens]
+        if streamers:
+            ev = self._pending
+            for i in range(1, jumps + 1):
+                ti = t + i * d
+                for r in streamers:
+                    ev.append(EngineEvent("token", r.req_id, ti, r.generated + i))
+        for r in running:
+            r.generated += jumps
+        if self._gpu:
+            for r in running:
+                if r.lora_id:
+                    self._gpu.move_to_end(r.lora_id)
+                    self._cpu.move_to_end(r.lora_id)
+        self.steps += jumps
+        self._free_at = t + jumps * d
 
     def _start_step(self, start: float) -> bool:
         p = self.params

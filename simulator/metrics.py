@@ -2,16 +2,18 @@
 
 Every engine metric carries ``model_name`` (the base name) and ``engine="0"``. Gauges are read
 from the engine at scrape time. ``vllm:lora_requests_info`` keeps every label set ever seen
-(value = the Unix time it was last recorded), as vLLM does.
+(value = the Unix time it was last recorded), as vLLM does. Counters and histograms are plain
+Python numbers rendered by one collector (no locks on the hot path).
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from simulator.engine import EngineModel
@@ -90,23 +92,77 @@ LATENCY_BUCKETS = [
 _LABELS = ("model_name", "engine")
 
 
-class _EngineGauges(Collector):
+class Hist:
+    """A lock-free histogram (one asyncio thread writes; the scrape reads)."""
+
+    __slots__ = ("bounds", "count", "counts", "total")
+
+    def __init__(self, bounds: list[float]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.count = 0
+        self.total = 0.0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += n
+        self.count += n
+        self.total += value * n
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        acc = 0
+        for le, c in zip([*self.bounds, float("inf")], self.counts, strict=True):
+            acc += c
+            out.append(("+Inf" if le == float("inf") else repr(float(le)), float(acc)))
+        return out
+
+
+_HISTS = {
+    "ttft": (
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        TTFT_BUCKETS,
+    ),
+    "itl": ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS),
+    "e2e": (
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        LATENCY_BUCKETS,
+    ),
+    "queue": (
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        LATENCY_BUCKETS,
+    ),
+    "prefill": (
+        "vllm:request_prefill_time_seconds",
+        "Histogram of time spent in PREFILL phase for request.",
+        LATENCY_BUCKETS,
+    ),
+    "decode": (
+        "vllm:request_decode_time_seconds",
+        "Histogram of time spent in DECODE phase for request.",
+        LATENCY_BUCKETS,
+    ),
+}
+
+
+class _Collector(Collector):
     def __init__(self, owner: SimMetrics) -> None:
         self._o = owner
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        eng, labels = self._o.engine, [self._o.model_name, "0"]
+    def collect(self) -> Iterator[Metric]:
+        o = self._o
+        eng, labels = o.engine, [o.model_name, "0"]
         deferred = eng.waiting_deferred
-        g = GaugeMetricFamily(
-            "vllm:num_requests_running", "Number of requests in model execution batches.", labels=_LABELS
-        )
-        g.add_metric(labels, eng.running)
-        yield g
-        g = GaugeMetricFamily(
-            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels=_LABELS
-        )
-        g.add_metric(labels, eng.waiting)
-        yield g
+        gauges = [
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", eng.running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", eng.waiting),
+        ]
+        for name, doc, value in gauges:
+            g = GaugeMetricFamily(name, doc, labels=_LABELS)
+            g.add_metric(labels, value)
+            yield g
         g = GaugeMetricFamily(
             "vllm:num_requests_waiting_by_reason",
             "Number of requests waiting, by reason.",
@@ -120,16 +176,40 @@ class _EngineGauges(Collector):
         )
         g.add_metric(labels, eng.kv_cache_usage)
         yield g
-        self._o.record_lora_info()
-        if self._o.lora_info:
+        o.record_lora_info()
+        if o.lora_info:
             g = GaugeMetricFamily(
                 "vllm:lora_requests_info",
                 "Running stats on lora requests.",
                 labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
             )
-            for (mx, run, wait), value in self._o.lora_info.items():
-                g.add_metric([mx, run, wait], value)
+            for (mx, run, wait), stamp in o.lora_info.items():
+                g.add_metric([mx, run, wait], stamp)
             yield g
+        counters = [
+            ("vllm:prompt_tokens", "Number of prefill tokens processed.", o.prompt_tokens),
+            ("vllm:generation_tokens", "Number of generation tokens processed.", o.generation_tokens),
+            ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", 0),
+            ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", 0),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", 0),
+        ]
+        for name, doc, total in counters:
+            c = CounterMetricFamily(name, doc, labels=_LABELS)
+            c.add_metric(labels, total)
+            yield c
+        c = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=[*_LABELS, "finished_reason"],
+        )
+        for reason, count in o.success.items():
+            c.add_metric([*labels, reason], count)
+        yield c
+        for key, (name, doc, _b) in _HISTS.items():
+            h = o.hists[key]
+            hm = HistogramMetricFamily(name, doc, labels=_LABELS)
+            hm.add_metric(labels, h.buckets(), h.total)
+            yield hm
 
 
 class SimMetrics:
@@ -142,79 +222,11 @@ class SimMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.lora_info: dict[tuple[str, str, str], float] = {}
         self._seen_traffic = False
-        lab = (model_name, "0")
-        reg = self.registry
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", _LABELS, registry=reg
-        ).labels(*lab)
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", _LABELS, registry=reg
-        ).labels(*lab)
-        self._success = Counter(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            [*_LABELS, "finished_reason"],
-            registry=reg,
-        )
-        self.success = {r: self._success.labels(*lab, r) for r in ("stop", "length", "abort")}
-        self.num_preemptions = Counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", _LABELS, registry=reg
-        ).labels(*lab)
-        Counter(
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            _LABELS,
-            registry=reg,
-        ).labels(*lab)
-        Counter(
-            "vllm:prefix_cache_hits",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            _LABELS,
-            registry=reg,
-        ).labels(*lab)
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            _LABELS,
-            buckets=TTFT_BUCKETS,
-            registry=reg,
-        ).labels(*lab)
-        self.itl = Histogram(
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            _LABELS,
-            buckets=ITL_BUCKETS,
-            registry=reg,
-        ).labels(*lab)
-        self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            _LABELS,
-            buckets=LATENCY_BUCKETS,
-            registry=reg,
-        ).labels(*lab)
-        self.queue = Histogram(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            _LABELS,
-            buckets=LATENCY_BUCKETS,
-            registry=reg,
-        ).labels(*lab)
-        self.prefill = Histogram(
-            "vllm:request_prefill_time_seconds",
-            "Histogram of time spent in PREFILL phase for request.",
-            _LABELS,
-            buckets=LATENCY_BUCKETS,
-            registry=reg,
-        ).labels(*lab)
-        self.decode = Histogram(
-            "vllm:request_decode_time_seconds",
-            "Histogram of time spent in DECODE phase for request.",
-            _LABELS,
-            buckets=LATENCY_BUCKETS,
-            registry=reg,
-        ).labels(*lab)
-        reg.register(_EngineGauges(self))
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success = {"stop": 0, "length": 0, "abort": 0}
+        self.hists = {k: Hist(list(b)) for k, (_n, _d, b) in _HISTS.items()}
+        self.registry.register(_Collector(self))
 
     def record_lora_info(self) -> None:
         """One scheduler-stats record: refresh the current label set to the Unix time."""
@@ -237,18 +249,18 @@ class SimMetrics:
         first_token_at: float,
         finished_at: float,
     ) -> None:
-        self.prompt_tokens.inc(prompt_tokens)
-        self.generation_tokens.inc(completion_tokens)
-        self.success.get(finish_reason, self.success["stop"]).inc()
-        self.ttft.observe(first_token_at - arrival)
-        self.e2e.observe(finished_at - arrival)
-        self.queue.observe(scheduled_at - arrival)
-        self.prefill.observe(first_token_at - scheduled_at)
-        self.decode.observe(finished_at - first_token_at)
+        self.prompt_tokens += prompt_tokens
+        self.generation_tokens += completion_tokens
+        self.success[finish_reason if finish_reason in self.success else "stop"] += 1
+        h = self.hists
+        h["ttft"].observe(first_token_at - arrival)
+        h["e2e"].observe(finished_at - arrival)
+        h["queue"].observe(scheduled_at - arrival)
+        h["prefill"].observe(first_token_at - scheduled_at)
+        h["decode"].observe(finished_at - first_token_at)
         if completion_tokens > 1:
-            itl = (finished_at - first_token_at) / (completion_tokens - 1)
-            for _ in range(min(completion_tokens - 1, 64)):
-                self.itl.observe(itl)
+            # one observation per inter-token gap, at the request's mean gap
+            h["itl"].observe((finished_at - first_token_at) / (completion_tokens - 1), completion_tokens - 1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
