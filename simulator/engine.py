@@ -194,7 +194,7 @@ class EngineModel:
         self, name: str, size_bytes: int, now: float, *, inplace: bool = False
     ) -> AdapterLoad:
         """vLLM ``add_lora``: register ``name`` and read it into the CPU cache and a GPU slot."""
-        self._run(now)
+        self._run(now, strict=True)
         lora_id = self._registry.get(name) if inplace else None
         if lora_id is None:
             lora_id = self._next_id
@@ -255,7 +255,7 @@ class EngineModel:
         want_tokens: bool = False,
     ) -> None:
         """Queue a request. ``lora`` must be registered (KeyError otherwise)."""
-        self._run(now)
+        self._run(now, strict=True)
         lora_id = 0
         if lora is not None:
             lora_id = self._registry[lora]
@@ -270,7 +270,7 @@ class EngineModel:
             self._free_at = max(self._free_at, now)
 
     def abort_request(self, req_id: str, now: float) -> bool:
-        self._run(now)
+        self._run(now, strict=True)
         req = self._reqs.pop(req_id, None)
         if req is None:
             return False
@@ -300,16 +300,22 @@ class EngineModel:
             return self._free_at
         return None
 
-    def _run(self, now: float) -> None:
+    def _run(self, now: float, strict: bool = False) -> None:
+        """Process steps up to ``now``; ``strict`` leaves what happens exactly at ``now`` for later
+        (so requests added at the same instant join the same step)."""
         # Bounded: every iteration either completes a step or starts one.
         for _ in range(1_000_000):
             if self._step_end is not None:
-                if self._step_end > now:
+                if self._step_end > now or (strict and self._step_end == now):
                     return
                 self._finish_step()
-                self._skip_steps(now)
+                self._skip_steps(now, strict)
                 continue
-            if not (self._waiting or self._running) or self._free_at > now:
+            if (
+                not (self._waiting or self._running)
+                or self._free_at > now
+                or (strict and self._free_at == now)
+            ):
                 return
             if not self._start_step(self._free_at):
                 return
@@ -330,7 +336,7 @@ class EngineModel:
             return False
         return True
 
-    def _skip_steps(self, now: float) -> None:
+    def _skip_steps(self, now: float, strict: bool = False) -> None:
         """Macro-step: jump over decode-only steps that change nothing but token counts.
 
         Exact (same times and tokens as stepping one by one): it stops before any request
@@ -350,9 +356,12 @@ class EngineModel:
         p = self.params
         d = (p.decode_base_s + p.decode_per_seq_s * len(running)) * p.time_scale
         if d > 0:
-            jumps = min(jumps, int((now - t) / d))
-            if jumps <= 0:
-                return
+            fit = (now - t) / d
+            jumps = min(jumps, math.ceil(fit) - 1 if strict else math.floor(fit))
+        elif strict and t >= now:
+            return
+        if jumps <= 0:
+            return
         streamers = [r for r in running if r.want_tokens]
         if streamers:
             ev = self._pending
