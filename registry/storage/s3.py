@@ -299,9 +299,15 @@ class S3PendingUpload:
 
     def note_written(self, key: str, completed_upload: str | None = None) -> None:
         with self._lock:
-            self._written.add(key)
-            if completed_upload is not None:
-                self._uploads.pop(key, None)
+            aborted = self._state == "aborted"
+            if not aborted:
+                self._written.add(key)
+                if completed_upload is not None:
+                    self._uploads.pop(key, None)
+        if aborted:  # finished after abort() swept: remove it now
+            with contextlib.suppress(ClientError, BotoCoreError):
+                self.client.delete_object(Bucket=self.bucket, Key=key)
+            self.check_open()
 
     def commit(self) -> None:
         self.check_open()

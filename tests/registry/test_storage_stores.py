@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from kit.errors import InvalidRequest, NotFound, Unavailable
 from kit.localservices import S3Server, free_port
@@ -214,7 +215,7 @@ def test_s3_down_is_unavailable(tmp_path: Path) -> None:
         s3_bucket="lp-down",
         s3_endpoint_url=f"http://127.0.0.1:{free_port()}",
         s3_access_key_id="x",
-        s3_secret_access_key="y",
+        s3_secret_access_key=SecretStr("y"),
     )
     store = make_store(settings)
     assert isinstance(store, S3ArtifactStore)
