@@ -56,7 +56,12 @@ def _print_tenant(tenant: dict[str, Any], opts: CliOptions, summary: str | None 
     if isinstance(tenant.get("keys"), list):
         print_rows(
             tenant["keys"],
-            [("key id", field("key_id")), ("prefix", field("prefix")), ("created", field("created_at"))],
+            [
+                ("key id", field("key_id")),
+                ("prefix", field("prefix")),
+                ("created", field("created_at")),
+                ("revoked", field("revoked_at")),
+            ],
             title="Keys",
         )
 

@@ -3,10 +3,14 @@ multipart parser to check what ``adapters push`` really sent."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
+from typing import Any
+from unittest import mock
 
 import typer
+import typer.main
 from typer.testing import CliRunner, Result
 
 from registry.cli import adapters_app, base_models_app, db_app, tenants_app
@@ -26,12 +30,19 @@ def registry_cli() -> typer.Typer:
     return app
 
 
+@functools.cache
+def _command() -> Any:
+    """The click command tree, built once (typer rebuilds it on every invoke otherwise)."""
+    return typer.main.get_command(registry_cli())
+
+
 def run_cli(args: Sequence[str], env: dict[str, str] | None = None) -> Result:
     """Run ``loraplane <args>`` in-process; stdout and stderr are kept apart."""
     base_env = {"COLUMNS": "250", "NO_COLOR": "1", "LORAPLANE_ADMIN_URL": "", "LORAPLANE_ADMIN_TOKEN": ""}
     base_env.update(env or {})
     runner = CliRunner()
-    return runner.invoke(registry_cli(), list(args), env=base_env, catch_exceptions=False)
+    with mock.patch("typer.testing._get_command", lambda _app: _command()):
+        return runner.invoke(registry_cli(), list(args), env=base_env, catch_exceptions=False)
 
 
 def parse_multipart(body: bytes, content_type: str) -> list[tuple[str, str, bytes]]:
