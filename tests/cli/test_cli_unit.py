@@ -3,7 +3,9 @@ exit codes, JSON mode, global options, pagination, the streamed multipart upload
 
 from __future__ import annotations
 
+import hashlib
 import json
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -204,6 +206,7 @@ def test_push_streams_every_visible_file_as_files_parts(api: FakeAPI, tmp_path: 
     assert res.exit_code == 0, res.output
     assert "uploaded bot v1" in res.stdout
     assert "created adapter bot" in res.stderr
+    assert "push bot (3 files)" in res.stderr  # the progress bar goes to stderr, stdout stays clean
     create_body = json.loads(api.bodies[1])
     assert create_body == {"id": "bot", "base_model": "demo-base", "owner": "me"}
     upload = api.requests[2]
@@ -362,3 +365,56 @@ def test_client_error_object() -> None:
     ):
         c.get_adapter("a/../b")
     assert (ei.value.status, ei.value.code, ei.value.problems) == (422, "invalid_adapter", ["a", "b"])
+
+
+class _HashingTransport(httpx.BaseTransport):
+    """Consumes the request body chunk by chunk (like a server would), keeping only a hash."""
+
+    def __init__(self) -> None:
+        self.sha = hashlib.sha256()
+        self.size = 0
+        self.max_chunk = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        for chunk in request.stream:  # type: ignore[union-attr]
+            self.sha.update(chunk)
+            self.size += len(chunk)
+            self.max_chunk = max(self.max_chunk, len(chunk))
+        return httpx.Response(201, json={"adapter_id": "big", "version": "v1"})
+
+
+def test_upload_streams_without_holding_files_in_memory(tmp_path: Path) -> None:
+    d = tmp_path / "big"
+    d.mkdir()
+    with open(d / "adapter_model.safetensors", "wb") as f:
+        block = bytes(range(256)) * 4096  # 1 MiB
+        for _ in range(48):
+            f.write(block)
+    (d / "adapter_config.json").write_text("{}")
+    transport = _HashingTransport()
+    progress: list[int] = []
+    tracemalloc.start()
+    try:
+        with AdminClient("http://admin.test", "t", transport=transport) as c:
+            c.upload_version("big", d, progress=progress.append)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    total = 48 * 1024 * 1024 + 2
+    assert sum(progress) == total
+    assert transport.size > total and transport.max_chunk <= 1024 * 1024
+    assert peak < 8 * 1024 * 1024, f"peak {peak} bytes: the upload was buffered"
+
+
+def test_groups_are_mounted_in_the_loraplane_cli() -> None:
+    from typer.testing import CliRunner
+
+    from loraplane.cli import app
+
+    res = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    for group in ("db", "adapters", "tenants", "base-models"):
+        assert group in res.output
+    res = CliRunner().invoke(app, ["adapters", "--help"], env={"COLUMNS": "200"})
+    for cmd in ("push", "promote", "rollback", "disable-version", "prewarm", "replicas", "audit"):
+        assert cmd in res.output
