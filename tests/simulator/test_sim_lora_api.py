@@ -109,7 +109,7 @@ async def test_not_found_is_404_with_redacted_path(tmp_path: Path) -> None:
         assert r.status_code == 404 and e["type"] == "NotFoundError"
         assert e["message"] == "Loading lora ghost failed: No adapter found for <path>"
         r = await load(c, "hub", "some-org/some-repo")  # not local: vLLM would try the hub
-        assert r.status_code == 404 and _err(r)["message"].startswith(
+        assert r.status_code == 404 and str(_err(r)["message"]).startswith(
             "Loading lora hub failed: No adapter found"
         )
 
