@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from registry.snapshot import RoutingSnapshot
@@ -46,10 +48,13 @@ class RoutingTable:
         self.last_error: str | None = None
         self.loaded_at: float | None = None  # time.time() of the last successful load
         self.reloads = 0
+        self.changed_at: float | None = None  # time.time() when a new revision was installed
         self._wanted = asyncio.Event()
         self._seen_revision = -1
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Condition()
+        # A thread of its own: a busy default executor (staging, hashing) must not delay a reload.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="snapshot-loader")
 
     @property
     def revision(self) -> int | None:
@@ -69,6 +74,7 @@ class RoutingTable:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
     def notify(self, revision: int | None = None) -> None:
         """Ask for a reload (a change-feed notification)."""
@@ -81,7 +87,8 @@ class RoutingTable:
     async def reload(self) -> bool:
         """Load the snapshot now; True on success. Never raises (logs transitions)."""
         try:
-            snap = await asyncio.to_thread(self._loader)
+            loop = asyncio.get_running_loop()
+            snap = await loop.run_in_executor(self._executor, functools.partial(self._loader))
         except Exception as e:  # any registry failure keeps the last snapshot
             self.last_error = f"{type(e).__name__}: {e}"[:500]
             if not self.stale:
@@ -99,6 +106,8 @@ class RoutingTable:
         changed = self.snapshot is None or snap.revision != self.snapshot.revision
         self.snapshot = snap
         self.reloads += 1
+        if changed:
+            self.changed_at = time.time()
         if changed and self._on_snapshot is not None:
             try:
                 res = self._on_snapshot(snap)
@@ -153,4 +162,5 @@ class RoutingTable:
             "stale": self.stale,
             "last_error": self.last_error,
             "age_s": round(time.time() - self.loaded_at, 3) if self.loaded_at else None,
+            "changed_at": self.changed_at,
         }

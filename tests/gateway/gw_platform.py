@@ -1,0 +1,156 @@
+"""Test-only: the whole platform as real processes for end-to-end gateway tests.
+
+PostgreSQL (a fresh database), Redis (a unique prefix), S3 (SeaweedFS), two simulator replicas,
+one ``loraplane serve --role registry`` process and two ``loraplane serve --role gateway``
+processes sharing Redis, PostgreSQL and a staging directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from kit import localservices as ls
+from registry.adapter_factory import write_adapter
+from registry.admin_client import AdminClient
+from registry.demo import demo_base_model
+
+ADMIN_TOKEN = "e2e-admin-token-0123456789abcdef"
+
+
+@dataclass
+class Platform:
+    admin_url: str
+    gateway_urls: list[str]
+    admin: AdminClient
+    workdir: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def upload(self, adapter_id: str, seed: int) -> str:
+        d = self.workdir / f"src-{adapter_id}-{seed}"
+        write_adapter(d, seed=seed, rank=8, target_modules=("q_proj", "v_proj"))
+        return str(self.admin.upload_version(adapter_id, d)["version"])
+
+    def adapter(self, adapter_id: str, versions: int = 1, promote: str | None = "v1") -> None:
+        self.admin.create_adapter(adapter_id, "demo-base", owner="e2e")
+        for i in range(versions):
+            self.upload(adapter_id, seed=hash(adapter_id) % 1000 + i)
+        if promote:
+            self.admin.promote(adapter_id, promote)
+
+
+def _wait(url: str, timeout: float, procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        for p, log in zip(procs, logs, strict=True):
+            if p.poll() is not None:
+                raise RuntimeError(f"process exited ({p.returncode}): {log.read_text()[-3000:]}")
+        try:
+            r = httpx.get(url, timeout=2)
+            if r.status_code == 200:
+                return
+            last = r.text
+        except httpx.HTTPError as e:
+            last = str(e)
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready in {timeout}s: {last}")
+
+
+@contextlib.contextmanager
+def run_platform(s3: ls.S3Server, redis_url: str, *, gateways: int = 2) -> Iterator[Platform]:
+    from registry import migrate
+    from simulator.procs import start_simulators, stop_all
+
+    workdir = Path(tempfile.mkdtemp(prefix="lp-gwe2e-"))
+    prefix = ls.unique_redis_prefix("gwe2e")
+    bucket = s3.create_bucket()
+    sims = []
+    procs: list[subprocess.Popen[bytes]] = []
+    logs: list[Path] = []
+    with ls.temp_pg_database("gwe2e") as pg:
+        migrate.upgrade(pg)
+        try:
+            sims = start_simulators(2, extra_args=["--zero-latency"])
+            admin_port = ls.free_port()
+            gw_ports = [ls.free_port() for _ in range(gateways)]
+            env = {
+                **os.environ,
+                "LORAPLANE_DATABASE_URL": pg,
+                "LORAPLANE_REDIS_URL": redis_url,
+                "LORAPLANE_REDIS_PREFIX": prefix,
+                "LORAPLANE_ADMIN_TOKEN": ADMIN_TOKEN,
+                "LORAPLANE_S3_BUCKET": bucket,
+                "LORAPLANE_S3_ENDPOINT_URL": s3.endpoint_url,
+                "LORAPLANE_S3_ACCESS_KEY_ID": s3.access_key,
+                "LORAPLANE_S3_SECRET_ACCESS_KEY": s3.secret_key,
+                "LORAPLANE_S3_REGION": s3.region,
+                "LORAPLANE_DATA_DIR": str(workdir / "data"),
+                "LORAPLANE_STAGING_DIR": str(workdir / "staging"),
+                "LORAPLANE_POOLS": json.dumps(
+                    [
+                        {
+                            "name": "sim",
+                            "base_model": "demo-base",
+                            "urls": [p.url for p in sims],
+                            "max_loras": 4,
+                            "max_adapters": 8,
+                        }
+                    ]  # fmt: skip
+                ),
+                "LORAPLANE_POLL_INTERVAL_S": "0.25",
+                "LORAPLANE_LOG_LEVEL": "WARNING",
+                "LORAPLANE_ADMIN_PORT": str(admin_port),
+            }
+            roles = [("registry", {})] + [("gateway", {"LORAPLANE_GATEWAY_PORT": str(p)}) for p in gw_ports]
+            for i, (role, extra) in enumerate(roles):
+                log = workdir / f"{role}-{i}.log"
+                logs.append(log)
+                with open(log, "wb") as f:
+                    procs.append(
+                        subprocess.Popen(
+                            [sys.executable, "-m", "loraplane.cli", "serve", "--role", role],
+                            env={**env, **extra},
+                            stdout=f,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        )  # fmt: skip
+                    )
+            admin_url = f"http://127.0.0.1:{admin_port}"
+            _wait(f"{admin_url}/admin/v1/healthz", 90, procs, logs)
+            admin = AdminClient(admin_url, ADMIN_TOKEN)
+            spec = demo_base_model()
+            admin.create_base_model(spec["name"], spec["hf_id"], spec["max_lora_rank"], spec["target_modules"],
+                                    spec["module_shapes"])  # fmt: skip
+            gw_urls = [f"http://127.0.0.1:{p}" for p in gw_ports]
+            for u in gw_urls:
+                _wait(f"{u}/readyz", 90, procs, logs)
+            yield Platform(admin_url, gw_urls, admin, workdir, procs)
+            admin.close()
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(timeout=5)
+            stop_all(sims)
+            ls.flush_redis_prefix(redis_url, prefix)
+            for log in logs:
+                if log.exists() and os.environ.get("LORAPLANE_TEST_SHOW_LOGS"):
+                    print(log.name, log.read_text()[-4000:])
