@@ -35,7 +35,6 @@ SUPPORTED_MODULES = {
 _TENSOR_RE = re.compile(
     r"^base_model\.model\.(.+)\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B)(?:\.weight)?$"
 )
-_UNSUPPORTED_INIT = {"pissa", "olora", "corda", "loftq"}
 
 
 class AdapterNotFound(Exception):
@@ -68,40 +67,63 @@ def resolve_path(lora_path: str) -> Path | None:
     return None
 
 
+_SUPPORTED_INITS = ("gaussian", "eva", "orthogonal", "mica", "lora_ga")
+
+
 def _validate_config(cfg: dict[str, Any], max_lora_rank: int) -> None:
+    """``PEFTHelper.from_dict`` + ``validate_legal`` (vllm/lora/peft_helper.py, 0.32)."""
     missing = sorted({"r", "lora_alpha", "target_modules"} - set(cfg))
     if missing:
         raise AdapterRejected(
             "Missing required configuration fields: {" + ", ".join(repr(m) for m in missing) + "}"
         )
+    r = cfg.get("r")
+    if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
+        raise AdapterRejected(f"LoRA rank `r` must be a positive integer, got {r}.")
+    pattern = cfg.get("rank_pattern") or {}
+    if not isinstance(pattern, dict):
+        pattern = {}
+    for key, rank in pattern.items():
+        if not isinstance(rank, int) or rank <= 0:
+            raise AdapterRejected(
+                f"LoRA rank for `{key}` in `rank_pattern` must be a positive integer, got {rank}."
+            )
     errors: list[str] = []
     mts = cfg.get("modules_to_save")
-    if mts and not set(mts) <= _ALLOWED_MODULES_TO_SAVE:
-        errors.append(
-            f"vLLM only supports modules_to_save being None or a subset of "
-            f"{sorted(_ALLOWED_MODULES_TO_SAVE)}, got {mts}."
-        )
+    if mts:
+        unsupported = [m for m in mts if m not in _ALLOWED_MODULES_TO_SAVE]
+        if unsupported:
+            errors.append(
+                "vLLM only supports modules_to_save being either None "
+                'or ["classifier", "score"] for classification models. '
+                f"Unsupported modules_to_save: {unsupported}"
+            )
     if cfg.get("use_dora"):
         errors.append("vLLM does not yet support DoRA.")
     if cfg.get("lora_bias"):
         errors.append("vLLM does not support LoRA bias (lora_bias).")
-    init = cfg.get("init_lora_weights")
-    if isinstance(init, str) and init.lower().split("_")[0] in _UNSUPPORTED_INIT:
-        errors.append(f"vLLM does not support init_lora_weights={init}.")
+    init = cfg.get("init_lora_weights", True)
+    if isinstance(init, str) and init.lower() not in _SUPPORTED_INITS:
+        errors.append(
+            f"vLLM does not support init_lora_weights={init!r}."
+            " Inits such as PiSSA, OLoRA, CorDA and LoftQ modify the base model"
+            " weights when PEFT loads the adapter. Convert it to a regular LoRA"
+            " adapter with PEFT's path_initial_model_for_weight_conversion, or"
+            " set init_lora_weights to true if the served base model already"
+            " contains the modified weights."
+        )
     if cfg.get("alora_invocation_tokens"):
-        errors.append("vLLM does not support aLoRA.")
+        errors.append("vLLM does not support Activated LoRA (aLoRA).")
     if cfg.get("layer_replication"):
         errors.append("vLLM does not support layer_replication.")
     if cfg.get("use_bdlora"):
-        errors.append("vLLM does not support BD-LoRA.")
+        errors.append("vLLM does not support block-diagonal LoRA (BD-LoRA).")
     if cfg.get("use_qalora"):
         errors.append("vLLM does not support QALoRA.")
-    r = cfg.get("r")
-    if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
-        errors.append(f"LoRA rank `r` must be a positive integer, got {r}.")
-    elif r > max_lora_rank:
-        errors.append(f"LoRA rank {r} is greater than max_lora_rank {max_lora_rank}.")
-    if cfg.get("bias", "none") not in (None, "none"):
+    max_rank = max([r, *pattern.values()])
+    if max_rank > max_lora_rank:
+        errors.append(f"LoRA rank {max_rank} is greater than max_lora_rank {max_lora_rank}.")
+    if cfg.get("bias", "none") != "none":
         errors.append("Adapter bias is not supported.")
     if errors:
         raise AdapterRejected(" ".join(errors))
@@ -171,9 +193,9 @@ def inspect_adapter(lora_path: str, max_lora_rank: int) -> AdapterFiles:
             m = _TENSOR_RE.match(name)
             if m is None:
                 raise AdapterRejected(f"{name} is unsupported LoRA weight")
-            module = m.group(1).rsplit(".", 1)[-1]
-            if module not in SUPPORTED_MODULES and module not in bad_modules:
-                bad_modules.append(module)
+            module_name = m.group(1)
+            if module_name.rsplit(".", 1)[-1] not in SUPPORTED_MODULES and module_name not in bad_modules:
+                bad_modules.append(module_name)
         if bad_modules:
             raise AdapterRejected(
                 f"While loading {d}, expected target modules in {sorted(SUPPORTED_MODULES)} but received "
@@ -191,20 +213,16 @@ def inspect_adapter(lora_path: str, max_lora_rank: int) -> AdapterFiles:
     )
 
 
-_PATH_PREFIX_RE = re.compile(r"(?<![\w<>])(?:~)?/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[^\s'\",;:]*)?")
-_PATH_EXT_RE = re.compile(r"(?<![\w<>])[\w.~-]*/[\w./-]*\w\.[A-Za-z0-9]{1,10}\b")
+_ADDR_RE = re.compile(r" at 0x[0-9a-fA-F]+>")
+_TRACE_RE = re.compile(r'\n?\s*File "[^"]+", line \d+, in \S+(\n\s+.*)?')
+_PATH_PREFIX_RE = re.compile(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+")
+_PATH_EXT_RE = re.compile(r"(?:/[\w\-]+)+/[\w\-]+\.\w+")
 
 
 def sanitize_message(message: str) -> str:
-    """vLLM ≥0.27 ``sanitize_message``: system paths and ``dir/name.ext`` become ``<path>``."""
-    out = _PATH_PREFIX_RE.sub(_strip_trailing, message)
-    return _PATH_EXT_RE.sub("<path>", out)
-
-
-def _strip_trailing(m: re.Match[str]) -> str:
-    text = m.group(0)
-    tail = ""
-    while text and text[-1] in ".)]}":
-        tail = text[-1] + tail
-        text = text[:-1]
-    return "<path>" + tail
+    """vLLM's ``sanitize_message`` (entrypoints/serve/exception_handling/utils.py, verbatim rules)."""
+    message = _ADDR_RE.sub(">", message)
+    message = _TRACE_RE.sub("", message)
+    message = _PATH_PREFIX_RE.sub("<path>", message)
+    message = _PATH_EXT_RE.sub("<path>", message)
+    return message.strip()

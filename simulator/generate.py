@@ -13,7 +13,7 @@ import orjson
 
 from simulator.asgi_io import JSON_CT, Request, send_error, send_response, validation_message
 from simulator.engine import EngineEvent
-from simulator.lora_api import LoadError, read_json_object
+from simulator.lora_api import LoadError, read_json_object, summarize_input
 from simulator.textgen import Generation, count_tokens, generate, render_chat
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: in
                         "type": "int_type",
                         "loc": f"body.{name}",
                         "msg": "Input should be a valid integer",
-                        "input": value,
+                        "input": summarize_input(value),
                     }
                 ]
             ),
@@ -124,7 +124,7 @@ def parse_request(app: SimApp, body: dict[str, Any], chat: bool) -> Parsed:
                             "type": "list_type",
                             "loc": "body.messages",
                             "msg": "Input should be a valid list",
-                            "input": messages,
+                            "input": summarize_input(messages),
                         }
                     ]
                 ),

@@ -48,6 +48,16 @@ _TYPE_NAMES = {
 }
 
 
+def summarize_input(value: object) -> object:
+    """vLLM's bounded rendering of a validation error's ``input``."""
+    if isinstance(value, str):
+        return value[:200] + "...[truncated]" if len(value) > 200 else value
+    if isinstance(value, (list, tuple, set, frozenset, dict)):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    text = str(value)
+    return text[:200] + "...[truncated]" if len(text) > 200 else text
+
+
 async def read_json_object(req: Request) -> dict[str, Any]:
     """Content-type check + JSON parse, raising ``LoadError`` shaped like vLLM's 400s."""
     ctype = req.header(b"content-type").split(";", 1)[0].strip().lower()
@@ -61,20 +71,20 @@ async def read_json_object(req: Request) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        err = {
+        bad: dict[str, Any] = {
             "type": "json_invalid",
             "loc": "body.0",
             "msg": "JSON decode error",
             "input": {},
             "ctx": {"error": str(exc).split(":", 1)[0]},
         }
-        raise LoadError(400, "Bad Request", validation_message([err]), "body.0") from None
+        raise LoadError(400, "Bad Request", validation_message([bad]), "body.0") from None
     if not isinstance(body, dict):
-        err = {
+        err: dict[str, Any] = {
             "type": "model_attributes_type",
             "loc": "body",
             "msg": "Input should be a valid dictionary or object to extract fields from",
-            "input": body,
+            "input": summarize_input(body),
         }
         raise LoadError(400, "Bad Request", validation_message([err]), "body")
     return body
@@ -103,7 +113,7 @@ def check_fields(body: dict[str, Any], required: dict[str, type], optional: dict
             ok = True
         if not ok:
             t, msg = _TYPE_NAMES.get(typ, ("type_error", f"Input should be a valid {typ.__name__}"))
-            errors.append({"type": t, "loc": f"body.{name}", "msg": msg, "input": value})
+            errors.append({"type": t, "loc": f"body.{name}", "msg": msg, "input": summarize_input(value)})
     if errors:
         raise LoadError(400, "Bad Request", validation_message(list(errors)), str(errors[0]["loc"]))
 

@@ -231,7 +231,8 @@ async def test_static_lora_modules_and_failure_aborts_startup(
 def test_sanitize_message() -> None:
     assert sanitize_message("No adapter found for /tmp/x/y") == "No adapter found for <path>"
     assert sanitize_message("/home/u/a doesn't contain tensors") == "<path> doesn't contain tensors"
-    assert sanitize_message("file adapters/a/adapter_config.json bad") == "file <path> bad"
+    assert sanitize_message("file x/adapters/a/adapter_config.json bad") == "file x<path> bad"
+    assert sanitize_message("<Foo object at 0x7f00>") == "<Foo object>"
     assert sanitize_message("LoRA rank 32 is greater than max_lora_rank 16.") == (
         "LoRA rank 32 is greater than max_lora_rank 16."
     )
