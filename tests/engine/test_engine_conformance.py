@@ -1,0 +1,257 @@
+"""Conformance: SIM's script against a real vLLM replica and against a simulator process, plus a
+differential probe that sends the same requests to both and compares what a client can observe.
+
+Real vLLM is the reference: every check must pass against it. A difference on the simulator is
+a simulator bug, reported with the request, vLLM's answer and the simulator's answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kit.localservices import free_port
+from tests.engine import vllm_env as ve
+from tests.engine.conftest import ENGINE_MARKS, EngineAdapters
+
+pytestmark = ENGINE_MARKS
+
+BASE = ve.SERVED_NAME
+
+
+@pytest.fixture(scope="module")
+def simulator_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A simulator process configured like the real replicas (same flags that matter)."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("sim") / "sim.log"
+    with open(log, "wb") as lf:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "simulator",
+                "--port",
+                str(port),
+                "--model",
+                BASE,
+                "--max-model-len",
+                str(ve.MAX_MODEL_LEN),
+                "--max-loras",
+                str(ve.MAX_LORAS),
+                "--max-cpu-loras",
+                str(ve.MAX_CPU_LORAS),
+                "--max-lora-rank",
+                str(ve.MAX_LORA_RANK),
+            ],
+            stdout=lf,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"simulator not ready:\n{log.read_text()[-3000:]}")
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
+def _conformance(url: str, adapters: EngineAdapters) -> dict[str, Any]:
+    from simulator.conformance import run_conformance
+
+    report = run_conformance(
+        url, model=BASE, adapter_dir=str(adapters.a1), bad_rank_dir=str(adapters.bad_rank)
+    )
+    out: dict[str, Any] = report.as_dict()
+    return out
+
+
+def test_conformance_script_passes_against_real_vllm(vllm_url: str, engine_adapters: EngineAdapters) -> None:
+    report = _conformance(vllm_url, engine_adapters)
+    failed = [c for c in report["checks"] if not c["ok"]]
+    assert report["passed"] > 20
+    assert not failed, json.dumps(failed, indent=1)
+
+
+def test_conformance_script_passes_against_simulator(
+    simulator_url: str, vllm_url: str, engine_adapters: EngineAdapters
+) -> None:
+    sim = _conformance(simulator_url, engine_adapters)
+    failed = [c for c in sim["checks"] if not c["ok"]]
+    assert not failed, json.dumps(failed, indent=1)
+
+
+# --------------------------------------------------------------------------- differential probe
+
+_HEX = re.compile(r"[0-9a-f]{8,}")
+
+
+def _norm(text: str, name: str, paths: list[Path]) -> str:
+    for p in paths:
+        text = text.replace(str(p), "<dir>")
+    return _HEX.sub("<hex>", text.replace(name, "<name>"))
+
+
+def _observe(c: httpx.Client, method: str, path: str, body: Any, *, name: str, paths: list[Path]) -> Any:
+    if isinstance(body, bytes):
+        r = c.request(method, path, content=body, headers={"content-type": "text/plain"})
+    else:
+        r = c.request(method, path, json=body)
+    ctype = r.headers.get("content-type")
+    try:
+        parsed = r.json()
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        e = parsed["error"]
+        shape: Any = {
+            "keys": sorted(e),
+            "type": e.get("type"),
+            "param": e.get("param"),
+            "code": e.get("code"),
+            "message": _norm(str(e.get("message")), name, paths),
+        }
+    elif parsed is not None:
+        shape = _norm(json.dumps(parsed, sort_keys=True), name, paths) if r.status_code != 200 else "json"
+    else:
+        shape = _norm(r.text, name, paths)
+    return {"status": r.status_code, "content-type": ctype, "body": shape}
+
+
+def _script(adapters: EngineAdapters, name: str) -> list[tuple[str, str, str, Any]]:
+    load, unload = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
+    return [
+        ("load missing lora_path", "POST", load, {"lora_name": name}),
+        ("load empty name", "POST", load, {"lora_name": "", "lora_path": str(adapters.a1)}),
+        ("load base name", "POST", load, {"lora_name": BASE, "lora_path": str(adapters.a1)}),
+        ("load wrong content-type", "POST", load, b"lora_name=x"),
+        ("GET load endpoint", "GET", load, None),
+        ("load ok", "POST", load, {"lora_name": name, "lora_path": str(adapters.a1)}),
+        ("load again", "POST", load, {"lora_name": name, "lora_path": str(adapters.a1)}),
+        (
+            "load in place",
+            "POST",
+            load,
+            {"lora_name": name, "lora_path": str(adapters.a1), "load_inplace": True},
+        ),
+        (
+            "load no adapter at path",
+            "POST",
+            load,
+            {"lora_name": name + "x", "lora_path": str(adapters.root / "nope")},
+        ),
+        ("load bad rank", "POST", load, {"lora_name": name + "r", "lora_path": str(adapters.bad_rank)}),
+        ("unknown model", "POST", "/v1/completions", {"model": "nosuch", "prompt": "x", "max_tokens": 1}),
+        (
+            "stream_options without stream",
+            "POST",
+            "/v1/chat/completions",
+            {
+                "model": name,
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 1,
+                "stream_options": {"include_usage": True},
+            },
+        ),
+        ("unload ok", "POST", unload, {"lora_name": name}),
+        ("unload again", "POST", unload, {"lora_name": name}),
+        ("unload empty name", "POST", unload, {"lora_name": ""}),
+    ]
+
+
+def _sse_shape(c: httpx.Client, name: str) -> list[Any]:
+    body = {
+        "model": name,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 3,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with c.stream("POST", "/v1/chat/completions", json=body) as r:
+        raw = r.read().decode()
+    shape: list[Any] = [r.headers.get("content-type")]
+    for ev in raw.split("\n\n"):
+        if not ev:
+            continue
+        if ev == "data: [DONE]":
+            shape.append("[DONE]")
+            continue
+        obj = json.loads(ev.removeprefix("data: "))
+        ch = obj["choices"][0] if obj["choices"] else {}
+        shape.append(
+            {
+                "keys": sorted(obj),
+                "choice_keys": sorted(ch),
+                "delta_keys": sorted(ch.get("delta", {})),
+                "finish": ch.get("finish_reason"),
+            }
+        )
+    # content chunks repeat per token: compare first, last two and [DONE]
+    return shape[:3] + shape[-3:]
+
+
+def _metric_names(c: httpx.Client) -> set[str]:
+    names = set()
+    for line in c.get("/metrics").text.splitlines():
+        if line.startswith("vllm:"):
+            names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
+    return names
+
+
+def _card_keys(c: httpx.Client) -> list[Any]:
+    data = c.get("/v1/models").json()["data"]
+    return [(sorted(card), sorted(card["permission"][0])) for card in data]
+
+
+def test_differential_probe_simulator_vs_real_vllm(
+    simulator_url: str, vllm_url: str, engine_adapters: EngineAdapters
+) -> None:
+    """Same requests to both servers; every observable difference is listed (simulator bugs)."""
+    paths = [engine_adapters.root, engine_adapters.a1, engine_adapters.bad_rank]
+    results: dict[str, dict[str, Any]] = {}
+    for label, url in (("vllm", vllm_url), ("sim", simulator_url)):
+        name = f"diff-{label}-{os.urandom(3).hex()}"
+        with httpx.Client(base_url=url, timeout=60) as c:
+            res: dict[str, Any] = {}
+            for step, method, path, body in _script(engine_adapters, name):
+                res[step] = _observe(c, method, path, body, name=name, paths=paths)
+                if step == "load in place":
+                    res["models cards"] = _card_keys(c)
+                    res["SSE framing"] = _sse_shape(c, name)
+            res["metrics names"] = sorted(_metric_names(c) - {"vllm:cache_config_info"})
+            results[label] = res
+    diffs = {
+        step: {"vllm": results["vllm"][step], "sim": results["sim"][step]}
+        for step in results["vllm"]
+        if results["vllm"][step] != results["sim"][step]
+    }
+    assert results["vllm"]["load ok"]["status"] == 200
+    assert not diffs, json.dumps(diffs, indent=1)
