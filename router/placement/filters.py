@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from router.placement.framework import Filter, PickContext, can_host
+from router.placement.framework import PRESENT, Filter, PickContext
 
 
 class HealthyFilter(Filter):
@@ -22,8 +22,11 @@ class HealthyFilter(Filter):
     name: ClassVar[str] = "healthy"
     reads: ClassVar[frozenset[str]] = frozenset({"healthy"})
 
-    def keep(self, ctx: PickContext) -> list[int]:
-        return [i for i, v in enumerate(ctx.replicas) if v.healthy]
+    def keep(self, ctx: PickContext) -> list[int] | None:
+        reps = ctx.replicas
+        if not [v for v in reps if not v.healthy]:
+            return None
+        return [i for i, v in enumerate(reps) if v.healthy]
 
 
 class ExcludeFilter(Filter):
@@ -32,10 +35,10 @@ class ExcludeFilter(Filter):
     name: ClassVar[str] = "exclude"
     reads: ClassVar[frozenset[str]] = frozenset({"url"})
 
-    def keep(self, ctx: PickContext) -> list[int]:
+    def keep(self, ctx: PickContext) -> list[int] | None:
         ex = ctx.request.exclude
         if not ex:
-            return list(range(len(ctx.replicas)))
+            return None
         return [i for i, v in enumerate(ctx.replicas) if v.url not in ex]
 
 
@@ -48,11 +51,16 @@ class CanHostFilter(Filter):
     name: ClassVar[str] = "can-host"
     reads: ClassVar[frozenset[str]] = frozenset({"residents", "max_adapters"})
 
-    def keep(self, ctx: PickContext) -> list[int]:
+    def keep(self, ctx: PickContext) -> list[int] | None:
         if ctx.request.lora_name is None:
-            return list(range(len(ctx.replicas)))
-        targets = ctx.targets
-        return [i for i, v in enumerate(ctx.replicas) if can_host(v, targets[i])]
+            return None
+        sums = ctx.sums
+        keep = [i for i, s in enumerate(sums) if s.takes_new]
+        if len(keep) == len(sums):
+            return None
+        present = PRESENT
+        extra = [i for i, t in ctx.held.items() if not sums[i].takes_new and t.state in present]
+        return sorted(keep + extra) if extra else keep
 
 
 FILTERS: dict[str, type[Filter]] = {

@@ -19,6 +19,7 @@ decision is O(replicas) with O(1) work per replica once a view has been summaris
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -38,6 +39,13 @@ class Summary:
     occupied: int  # residents holding a registration slot (OCCUPYING states)
     running: int  # distinct adapters with router in-flight requests (the running set)
     idle_lru: tuple[Resident, ...]  # resident adapters with no in-flight request, oldest first
+    load: float  # load_fraction(view)
+    free: bool  # occupied < max_adapters: one more adapter fits without eviction
+    room: float  # running-set score of an adapter not running there (see RunningSetScorer)
+    lru_last_used: float | None  # last_used of the LRU idle resident (None: nothing idle)
+    full: bool  # running >= max_loras: a new adapter would be deferred
+    takes_new: bool  # a new adapter can be registered (free slot, or enough idle to evict)
+    cap: int  # max_num_seqs (≥ 1)
 
 
 def summary(view: ReplicaView) -> Summary:
@@ -56,7 +64,19 @@ def summary(view: ReplicaView) -> Summary:
         elif r.state == "resident":
             idle.append(r)
     idle.sort(key=_lru_key)
-    s = Summary(occupied=occupied, running=running, idle_lru=tuple(idle))
+    m = view.max_loras
+    s = Summary(
+        occupied=occupied,
+        running=running,
+        idle_lru=tuple(idle),
+        load=load_fraction(view),
+        free=occupied < view.max_adapters,
+        room=(0.7 + 0.2 * (1.0 - running / m)) if running < m else 0.4 / (1 + running - m),
+        lru_last_used=idle[0].last_used if idle else None,
+        full=running >= m,
+        takes_new=occupied < view.max_adapters or len(idle) >= occupied - view.max_adapters + 1,
+        cap=view.max_num_seqs if view.max_num_seqs > 0 else 1,
+    )
     view.derived["summary"] = s
     return s
 
@@ -75,23 +95,49 @@ def load_fraction(view: ReplicaView) -> float:
 class PickContext:
     """What plugins see for one pick: the request, the candidate views and derived lookups."""
 
-    __slots__ = ("all_replicas", "now", "replicas", "request", "targets")
+    __slots__ = ("_sums", "all_replicas", "held", "now", "replicas", "request")
 
     def __init__(self, request: PlacementRequest, replicas: list[ReplicaView], now: float) -> None:
         self.request = request
         self.all_replicas = replicas  # the whole snapshot, before any filter
         self.replicas = replicas  # the candidates left by the filters so far
         self.now = now
-        # The requested adapter's Resident record on each replica (None: absent / base request).
+        # index → the requested adapter's Resident record, for the replicas that have one
+        # (usually few; base-model requests: none).
         name = request.lora_name
-        self.targets: list[Resident | None] = (
-            [v.residents.get(name) for v in replicas] if name is not None else [None] * len(replicas)
+        self.held: dict[int, Resident] = (
+            {i: r for i, v in enumerate(replicas) if (r := v.residents.get(name)) is not None}
+            if name is not None
+            else {}
         )
+        self._sums: list[Summary] | None = None
+
+    @property
+    def targets(self) -> list[Resident | None]:
+        """The adapter's Resident record on each candidate (None where absent)."""
+        held = self.held
+        return [held.get(i) for i in range(len(self.replicas))]
+
+    @property
+    def sums(self) -> list[Summary]:
+        """The :func:`summary` of each candidate (same order as ``replicas``)."""
+        s = self._sums
+        if s is None:
+            s = self._sums = [v.derived.get("summary") or summary(v) for v in self.replicas]
+        return s
 
     def narrow(self, keep: list[int]) -> None:
         """Keep only the replicas at indices ``keep`` (used between filters)."""
         self.replicas = [self.replicas[i] for i in keep]
-        self.targets = [self.targets[i] for i in keep]
+        if self.held:  # keep is sorted: map the few held indices by bisection
+            held: dict[int, Resident] = {}
+            for i, r in self.held.items():
+                j = bisect_left(keep, i)
+                if j < len(keep) and keep[j] == i:
+                    held[j] = r
+            self.held = held
+        if self._sums is not None:
+            self._sums = [self._sums[i] for i in keep]
 
 
 class Filter:
@@ -100,8 +146,8 @@ class Filter:
     name: ClassVar[str] = "filter"
     reads: ClassVar[frozenset[str]] = frozenset()
 
-    def keep(self, ctx: PickContext) -> list[int]:
-        """Indices (into ``ctx.replicas``) of the replicas to keep."""
+    def keep(self, ctx: PickContext) -> list[int] | None:
+        """Ascending indices (into ``ctx.replicas``) of the replicas to keep; None keeps them all."""
         raise NotImplementedError
 
 
@@ -110,6 +156,8 @@ class Scorer:
 
     name: ClassVar[str] = "scorer"
     reads: ClassVar[frozenset[str]] = frozenset()
+    # True when score() is guaranteed to return values in [0, 1] (the profile then skips clamping).
+    bounded: ClassVar[bool] = False
 
     def score(self, ctx: PickContext) -> list[float]:
         """One score in [0, 1] per replica of ``ctx.replicas`` (same order)."""
@@ -136,19 +184,17 @@ class Evictor:
 
     def victims(self, ctx: PickContext, index: int, need: int) -> tuple[str, ...] | None:
         """``need`` lora_names to unload from ``ctx.replicas[index]``, or None if impossible."""
-        idle = summary(ctx.replicas[index]).idle_lru
+        idle = ctx.sums[index].idle_lru
         if len(idle) < need:
             return None
         return tuple(r.lora_name for r in idle[:need])
 
 
-def can_host(view: ReplicaView, target: Resident | None) -> bool:
+def can_host(view: ReplicaView, target: Resident | None, s: Summary | None = None) -> bool:
     """True when ``view`` holds the adapter already or can register one more (maybe by eviction)."""
     if target is not None and target.state in PRESENT:
         return True
-    s = summary(view)
-    need = s.occupied - view.max_adapters + 1
-    return need <= 0 or len(s.idle_lru) >= need
+    return (s or summary(view)).takes_new
 
 
 class SchedulerProfile:
@@ -190,45 +236,53 @@ class SchedulerProfile:
             if not ctx.replicas:
                 break
             keep = f.keep(ctx)
-            if len(keep) != len(ctx.replicas):
+            if keep is not None and len(keep) != len(ctx.replicas):
                 if not keep:
                     return Decision(replica=None, action="none", reason=f"no replica left after {f.name}")
                 ctx.narrow(keep)
         n = len(ctx.replicas)
         if n == 0:
             return Decision(replica=None, action="none", reason="no replicas")
-        totals = [0.0] * n
+        totals: list[float] | None = None
         for scorer, weight in self.scorers:
             scores = scorer.score(ctx)
-            for i in range(n):
-                s = scores[i]
-                if s > 1.0:
-                    s = 1.0
-                elif not s >= 0.0:  # also catches NaN
-                    s = 0.0
-                totals[i] += weight * s
+            if len(scores) != n:
+                raise ValueError(f"scorer {scorer.name!r} returned {len(scores)} scores for {n} replicas")
+            if not scorer.bounded:  # clamp to [0, 1]; NaN → 0
+                scores = [(1.0 if x > 1.0 else x) if x >= 0.0 else 0.0 for x in scores]
+            if totals is None:
+                totals = [weight * x for x in scores]
+            else:
+                totals = [t + weight * x for t, x in zip(totals, scores, strict=True)]
+        if totals is None:
+            totals = [0.0] * n
         index = self.picker.pick(ctx, totals)
         return self._decide(ctx, totals, index)
 
     def _decide(self, ctx: PickContext, totals: list[float], index: int) -> Decision:
         view = ctx.replicas[index]
-        scores = {v.url: t for v, t in zip(ctx.replicas, totals, strict=True)}
+        scores = dict(zip([v.url for v in ctx.replicas], totals, strict=True))
         name = ctx.request.lora_name
         if name is None:
             return Decision(replica=view.url, action="hit", scores=scores, reason="base model")
-        target = ctx.targets[index]
+        target = ctx.held.get(index)
         if target is not None and target.state in PRESENT:
             reason = "resident" if target.state == "resident" else f"joining {target.state}"
             return Decision(replica=view.url, action="hit", scores=scores, reason=reason)
         elsewhere = False
-        for v in ctx.all_replicas:
-            other = v.residents.get(name)
-            if other is not None and other.state == "resident":
-                elsewhere = True
-                break
+        if ctx.all_replicas is ctx.replicas:  # no filter dropped anything: targets cover all
+            for t in ctx.held.values():
+                if t.state == "resident":
+                    elsewhere = True
+                    break
+        else:
+            for v in ctx.all_replicas:
+                other = v.residents.get(name)
+                if other is not None and other.state == "resident":
+                    elsewhere = True
+                    break
         action: Action = "replicate" if elsewhere else "load"
-        s = summary(view)
-        need = s.occupied - view.max_adapters + 1
+        need = ctx.sums[index].occupied - view.max_adapters + 1
         evict: tuple[str, ...] = ()
         if need > 0:
             victims = self.evictor.victims(ctx, index, need)

@@ -25,12 +25,11 @@ class MaxScorePicker(Picker):
     name: ClassVar[str] = "max-score"
 
     def pick(self, ctx: PickContext, totals: list[float]) -> int:
-        best = 0
-        top = totals[0]
-        for i in range(1, len(totals)):
-            if totals[i] > top + _EPS:
-                best, top = i, totals[i]
-        return best
+        floor = max(totals) - _EPS  # ties within _EPS of the top: the first one wins
+        for i, t in enumerate(totals):
+            if t >= floor:
+                return i
+        return 0  # unreachable unless totals hold NaN
 
 
 class MaxScoreRandomTiePicker(Picker):

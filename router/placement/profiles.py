@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from router.placement.filters import FILTERS, CanHostFilter, ExcludeFilter, HealthyFilter
-from router.placement.framework import Evictor, Filter, PickContext, Picker, SchedulerProfile, Scorer, summary
+from router.placement.framework import Evictor, Filter, PickContext, Picker, SchedulerProfile, Scorer
 from router.placement.pickers import (
     PICKERS,
     MaxScorePicker,
@@ -59,7 +59,7 @@ class HotCopyEvictor(Evictor):
 
     def victims(self, ctx: PickContext, index: int, need: int) -> tuple[str, ...] | None:
         view = ctx.replicas[index]
-        idle = summary(view).idle_lru
+        idle = ctx.sums[index].idle_lru
         if len(idle) < need:
             return None
         cap = view.max_num_seqs if view.max_num_seqs > 0 else 1

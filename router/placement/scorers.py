@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from router.placement.framework import PRESENT, PickContext, Scorer, load_fraction, summary
+from router.placement.framework import PRESENT, PickContext, Scorer, Summary, summary
 from router.placement.types import ReplicaView, Resident
 
 
@@ -16,19 +16,27 @@ def _frac(x: int, cap: int) -> float:
     return x / cap if cap > 0 else float(x > 0)
 
 
-def saturated_for(view: ReplicaView, target: Resident | None, high_water: float, adapter_high: float) -> bool:
+def saturated_for(
+    view: ReplicaView,
+    target: Resident | None,
+    high_water: float,
+    adapter_high: float,
+    s: Summary | None = None,
+) -> bool:
     """True when sending one more request for ``target``'s adapter to ``view`` would queue it.
 
     Saturated: replica load ≥ ``high_water``, or the adapter's own in-flight there ≥
     ``adapter_high`` × max_num_seqs, or the adapter is not running there while the replica's
     running set is full (vLLM would defer it behind ``max_loras`` other adapters).
     """
-    if load_fraction(view) >= high_water:
+    if s is None:
+        s = summary(view)
+    if s.load >= high_water:
         return True
     inflight = target.inflight if target is not None else 0
     if inflight > 0:
         return _frac(inflight, view.max_num_seqs) >= adapter_high
-    return summary(view).running >= view.max_loras
+    return s.running >= view.max_loras
 
 
 class ResidencyAffinityScorer(Scorer):
@@ -51,6 +59,7 @@ class ResidencyAffinityScorer(Scorer):
     added above ``high_water`` and only drained below ``low_water``: no flapping in between.
     """
 
+    bounded: ClassVar[bool] = True
     name: ClassVar[str] = "resident-affinity"
     reads: ClassVar[frozenset[str]] = frozenset(
         {"residents", "inflight", "waiting", "max_num_seqs", "max_loras"}
@@ -64,24 +73,25 @@ class ResidencyAffinityScorer(Scorer):
         self.low_water = low_water
 
     def score(self, ctx: PickContext) -> list[float]:
-        targets = ctx.targets
-        n = len(targets)
+        n = len(ctx.replicas)
         out = [0.0] * n
-        if ctx.request.lora_name is None:
+        targets = ctx.held
+        if not targets:
             return out
-        holders = [i for i in range(n) if targets[i] is not None and targets[i].state in PRESENT]  # type: ignore[union-attr]
+        present = PRESENT
+        holders = [i for i, t in targets.items() if t.state in present]
         if not holders:
             return out
-        replicas = ctx.replicas
+        replicas, sums = ctx.replicas, ctx.sums
         hw, ah = self.high_water, self.adapter_high
-        sat = {i: saturated_for(replicas[i], targets[i], hw, ah) for i in holders}
-        free_holders = [i for i in holders if not sat[i]]
-        if not free_holders:
-            if any(
-                not saturated_for(replicas[i], None, hw, ah)
-                for i in range(n)
-                if targets[i] is None or targets[i].state not in PRESENT  # type: ignore[union-attr]
-            ):
+        # saturated_for(), inlined: this loop runs over every copy of a hot adapter.
+        sat = {
+            i: (s := sums[i]).load >= hw or ((f / s.cap >= ah) if (f := targets[i].inflight) else s.full)  # type: ignore[union-attr]
+            for i in holders
+        }
+        if all(sat.values()):
+            held = set(holders)
+            if any(not (s.load >= hw or s.full) for i, s in enumerate(sums) if i not in held):
                 return out  # every copy saturated, another replica is not: replicate
             for i in holders:
                 out[i] = 1.0
@@ -90,20 +100,19 @@ class ResidencyAffinityScorer(Scorer):
         if len(holders) > 1:
             demand = 0
             for i in holders:
-                demand += targets[i].inflight  # type: ignore[union-attr]
+                demand += targets[i].inflight
             if _frac(demand, replicas[holders[0]].max_num_seqs) < self.low_water:
                 primary = max(
                     holders,
-                    key=lambda i: (targets[i].inflight, targets[i].last_used, -i),  # type: ignore[union-attr]
+                    key=lambda i: (targets[i].inflight, targets[i].last_used, -i),
                 )
         for i in holders:
-            t = targets[i]
             if sat[i]:
                 out[i] = 0.3
             elif primary >= 0 and i != primary:
                 out[i] = 0.6
             else:
-                out[i] = 1.0 if t.state == "resident" else 0.9  # type: ignore[union-attr]
+                out[i] = 1.0 if targets[i].state == "resident" else 0.9
         return out
 
 
@@ -119,6 +128,7 @@ class RunningSetScorer(Scorer):
     | others; fewer adapters ahead of it is better)                    |                          |
     """
 
+    bounded: ClassVar[bool] = True
     name: ClassVar[str] = "running-set"
     reads: ClassVar[frozenset[str]] = frozenset({"residents", "max_loras"})
 
@@ -126,17 +136,10 @@ class RunningSetScorer(Scorer):
         n = len(ctx.replicas)
         if ctx.request.lora_name is None:
             return [1.0] * n
-        out = [0.0] * n
-        for i, v in enumerate(ctx.replicas):
-            t = ctx.targets[i]
-            if t is not None and t.inflight > 0:
+        out = [s.room for s in ctx.sums]  # precomputed per snapshot
+        for i, t in ctx.held.items():
+            if t.inflight > 0:
                 out[i] = 1.0
-                continue
-            k = summary(v).running
-            if k < v.max_loras:
-                out[i] = 0.7 + 0.2 * (1.0 - k / v.max_loras)
-            else:
-                out[i] = 0.4 / (1 + k - v.max_loras)
         return out
 
 
@@ -154,6 +157,7 @@ class FreeSlotScorer(Scorer):
     (it is likely to come back), one idle for ``H`` or more is cheap.
     """
 
+    bounded: ClassVar[bool] = True
     name: ClassVar[str] = "free-slot"
     reads: ClassVar[frozenset[str]] = frozenset({"residents", "max_adapters"})
 
@@ -166,20 +170,22 @@ class FreeSlotScorer(Scorer):
         n = len(ctx.replicas)
         if ctx.request.lora_name is None:
             return [1.0] * n
-        out = [0.0] * n
-        now, horizon = ctx.now, self.idle_horizon_s
-        for i, v in enumerate(ctx.replicas):
-            t = ctx.targets[i]
-            if t is not None and t.state in PRESENT:
+        now, h = ctx.now, self.idle_horizon_s
+        # 1.0 if free; 0.0 if nothing idle; else 0.1 + 0.5 × clamp((now − LRU last_used) / H).
+        out = [
+            1.0
+            if s.free
+            else (
+                0.0
+                if (x := s.lru_last_used) is None
+                else (0.6 if (f := (now - x) / h) >= 1.0 else (0.1 + 0.5 * f if f > 0.0 else 0.1))
+            )
+            for s in ctx.sums
+        ]
+        present = PRESENT
+        for i, t in ctx.held.items():
+            if t.state in present:
                 out[i] = 1.0
-                continue
-            s = summary(v)
-            if s.occupied < v.max_adapters:
-                out[i] = 1.0
-            elif s.idle_lru:
-                idle_for = now - s.idle_lru[0].last_used
-                f = idle_for / horizon
-                out[i] = 0.1 + 0.5 * (1.0 if f > 1.0 else (f if f > 0.0 else 0.0))
         return out
 
 
@@ -194,11 +200,12 @@ class LoadScorer(Scorer):
     (requests of other routers and LoRA-deferred ones).
     """
 
+    bounded: ClassVar[bool] = True
     name: ClassVar[str] = "load"
     reads: ClassVar[frozenset[str]] = frozenset({"inflight", "waiting", "max_num_seqs"})
 
     def score(self, ctx: PickContext) -> list[float]:
-        return [1.0 - load_fraction(v) for v in ctx.replicas]
+        return [1.0 - s.load for s in ctx.sums]
 
 
 class LeastRequestScorer(Scorer):
@@ -210,6 +217,7 @@ class LeastRequestScorer(Scorer):
     | otherwise                                | (max − inflight) / (max − min)      |
     """
 
+    bounded: ClassVar[bool] = True
     name: ClassVar[str] = "least-request"
     reads: ClassVar[frozenset[str]] = frozenset({"inflight"})
 
@@ -226,6 +234,7 @@ class QueueScorer(Scorer):
     | otherwise                                | (max − waiting) / (max − min)       |
     """
 
+    bounded: ClassVar[bool] = True
     name: ClassVar[str] = "queue"
     reads: ClassVar[frozenset[str]] = frozenset({"waiting"})
 
@@ -264,6 +273,7 @@ class GieLoraAffinityScorer(Scorer):
     set, so "sum" counts each adapter twice).
     """
 
+    bounded: ClassVar[bool] = True
     name: ClassVar[str] = "gie-lora-affinity"
     reads: ClassVar[frozenset[str]] = frozenset({"lora_running", "lora_waiting", "max_loras"})
 
@@ -283,7 +293,8 @@ class GieLoraAffinityScorer(Scorer):
                 out.append(1.0)
                 continue
             if union:
-                listed = len(set(v.lora_running).union(v.lora_waiting))
+                run, wait = v.lora_running, v.lora_waiting
+                listed = len(run) if wait == run or not wait else len(set(run).union(wait))
             else:
                 listed = len(v.lora_running) + len(v.lora_waiting)
             if listed < v.max_loras:

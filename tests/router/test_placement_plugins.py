@@ -33,14 +33,21 @@ def ctx(name: str | None, *views, now: float = 100.0, exclude=()) -> PickContext
 # ---------------------------------------------------------------- filters
 
 
+def kept(f, c: PickContext) -> list[int]:
+    """Indices a filter keeps (None means all of them)."""
+    keep = f.keep(c)
+    return list(range(len(c.replicas))) if keep is None else keep
+
+
 def test_healthy_filter_drops_out_of_rotation() -> None:
     c = ctx("a", view("r0", healthy=False), view("r1"), view("r2", healthy=False))
-    assert HealthyFilter().keep(c) == [1]
+    assert kept(HealthyFilter(), c) == [1]
+    assert HealthyFilter().keep(ctx("a", view("r0"))) is None  # nothing to drop
 
 
 def test_exclude_filter_drops_listed_urls() -> None:
     c = ctx("a", view("r0"), view("r1"), view("r2"), exclude=("r0", "r2"))
-    assert ExcludeFilter().keep(c) == [1]
+    assert kept(ExcludeFilter(), c) == [1]
 
 
 def test_can_host_filter_table() -> None:
@@ -51,9 +58,9 @@ def test_can_host_filter_table() -> None:
     holder = view("holder", res("a", inflight=1), res("y", inflight=1), max_adapters=2)
     failed_only = view("failed", res("x", state="failed"), res("y", inflight=1), max_adapters=2)
     c = ctx("a", full_busy, full_loading, full_idle, free, holder, failed_only)
-    assert CanHostFilter().keep(c) == [2, 3, 4, 5]
+    assert kept(CanHostFilter(), c) == [2, 3, 4, 5]
     # Base-model requests never need a registration slot.
-    assert CanHostFilter().keep(ctx(None, full_busy, full_loading)) == [0, 1]
+    assert kept(CanHostFilter(), ctx(None, full_busy, full_loading)) == [0, 1]
 
 
 def test_summary_counts_occupancy_running_and_lru_order() -> None:
