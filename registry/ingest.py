@@ -145,6 +145,11 @@ class _Pipe:
                 await asyncio.shield(fut)
 
 
+def _write_chunks(writer: FileWriter, chunks: list[bytes]) -> None:
+    for c in chunks:
+        writer.write(c)
+
+
 async def _abort(pending: PendingUpload, pipe: _Pipe | None = None) -> None:
     """Abort even while being cancelled: the abort runs to completion in a thread."""
     if pipe is not None:
@@ -187,7 +192,8 @@ class _MultipartIngest:
         ev = self.events
 
         def data(kind: str) -> Callable[[bytes, int, int], None]:
-            return lambda d, s, e: ev.append((kind, d[s:e]))
+            # the whole chunk is passed on as is (no copy); only edges are sliced
+            return lambda d, s, e: ev.append((kind, d if s == 0 and e == len(d) else d[s:e]))
 
         return {
             "on_part_begin": lambda: ev.append(("begin", None)),
@@ -266,9 +272,8 @@ class _MultipartIngest:
     async def _flush(self, part: _Part) -> None:
         if not part.batch or part.writer is None:
             return
-        data = b"".join(part.batch) if len(part.batch) > 1 else part.batch[0]
-        part.batch, part.batch_len = [], 0
-        await self.pipe.run(part.writer.write, data)
+        chunks, part.batch, part.batch_len = part.batch, [], 0
+        await self.pipe.run(_write_chunks, part.writer, chunks)
 
     async def _close_part(self) -> None:
         part, self.part = self.part, None

@@ -11,6 +11,7 @@ prefix. botocore errors become :mod:`kit.errors` (a down S3 is 503 ``storage_una
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import io
 import logging
@@ -166,6 +167,65 @@ class S3SourceReader:
         return _open_object(self.client, bucket, prefix + name)
 
 
+class _PartBody(io.RawIOBase):
+    """One part's chunks as a seekable stream, so a part is never copied into one big buffer."""
+
+    def __init__(self, chunks: list[bytes | memoryview]) -> None:
+        self._chunks = chunks
+        self._starts: list[int] = []
+        pos = 0
+        for c in chunks:
+            self._starts.append(pos)
+            pos += len(c)
+        self.size = pos
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def _locate(self) -> tuple[int, int]:
+        i = bisect.bisect_right(self._starts, self._pos) - 1
+        return i, self._pos - self._starts[i]
+
+    def read(self, size: int | None = -1) -> bytes:
+        if self._pos >= self.size:
+            return b""
+        if size is None or size < 0:
+            size = self.size - self._pos
+        i, off = self._locate()
+        chunk = self._chunks[i]
+        if off + size <= len(chunk):  # inside one chunk: one copy, no scratch buffer
+            self._pos += size
+            return bytes(chunk[off : off + size])
+        out = bytearray(min(size, self.size - self._pos))
+        n = self.readinto(out)
+        return bytes(out[:n]) if n < len(out) else bytes(out)
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        want = len(view)
+        done = 0
+        while done < want and self._pos < self.size:
+            i, off = self._locate()
+            chunk = self._chunks[i]
+            n = min(want - done, len(chunk) - off)
+            view[done : done + n] = chunk[off : off + n]
+            done += n
+            self._pos += n
+        return done
+
+
 class S3FileWriter:
     """Streams one object: single put when small, else multipart with parts in flight."""
 
@@ -173,7 +233,8 @@ class S3FileWriter:
         self.name = name
         self._p = pending
         self.key = pending.key_prefix + name
-        self._buf = bytearray()
+        self._chunks: list[bytes | memoryview] = []
+        self._buffered = 0
         self._hc = HashingCounter()
         self.upload_id: str | None = None
         self._futures: list[Future[dict[str, Any]]] = []
@@ -185,16 +246,37 @@ class S3FileWriter:
         if self._info is not None:
             raise RuntimeError(f"write to closed file {self.name!r}")
         self._p.check_open()
+        if not isinstance(chunk, bytes):
+            chunk = bytes(chunk)  # callers may reuse mutable buffers
+        if not chunk:
+            return
         self._hc.update(chunk)
-        self._buf += chunk
+        self._chunks.append(chunk)
+        self._buffered += len(chunk)
         ps = self._p.store.part_size
-        while len(self._buf) >= ps:
-            with memoryview(self._buf) as mv:
-                part = bytes(mv[:ps])
-            del self._buf[:ps]
-            self._submit(part)
+        while self._buffered >= ps:
+            self._submit(self._take(ps))
 
-    def _submit(self, part: bytes) -> None:
+    def _take(self, n: int) -> list[bytes | memoryview]:
+        """The first ``n`` buffered bytes as a chunk list (the chunk on the edge is split
+        without copying)."""
+        out: list[bytes | memoryview] = []
+        got = 0
+        while got < n:
+            c = self._chunks.pop(0)
+            if got + len(c) > n:
+                k = n - got
+                mv = memoryview(c)
+                out.append(mv[:k])
+                self._chunks.insert(0, mv[k:])
+                got = n
+            else:
+                out.append(c)
+                got += len(c)
+        self._buffered -= n
+        return out
+
+    def _submit(self, part: list[bytes | memoryview]) -> None:
         self._raise_failed()
         if self.upload_id is None:
             self.upload_id = self._p.start_multipart(self.key)
@@ -208,14 +290,21 @@ class S3FileWriter:
             raise
         self._futures.append(fut)
 
-    def _upload_part(self, n: int, data: bytes) -> dict[str, Any]:
+    def _upload_part(self, n: int, chunks: list[bytes | memoryview]) -> dict[str, Any]:
         try:
+            body = _PartBody(chunks)
             with s3_errors(f"upload part {n} of {self.key}"):
                 resp = self._p.client.upload_part(
-                    Bucket=self._p.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=n, Body=data
+                    Bucket=self._p.bucket,
+                    Key=self.key,
+                    UploadId=self.upload_id,
+                    PartNumber=n,
+                    Body=body,
+                    ContentLength=body.size,
                 )
             return {"PartNumber": n, "ETag": resp["ETag"]}
         finally:
+            chunks.clear()
             self._slots.release()
 
     def _raise_failed(self) -> None:
@@ -228,13 +317,14 @@ class S3FileWriter:
             return self._info
         self._p.check_open()
         if self.upload_id is None:
+            data = b"".join(self._chunks)
+            self._chunks, self._buffered = [], 0
             with s3_errors(f"put {self.key}"):
-                self._p.client.put_object(Bucket=self._p.bucket, Key=self.key, Body=bytes(self._buf))
+                self._p.client.put_object(Bucket=self._p.bucket, Key=self.key, Body=data)
             self._p.note_written(self.key)
         else:
-            if self._buf:
-                self._submit(bytes(self._buf))
-            self._buf = bytearray()
+            if self._buffered:
+                self._submit(self._take(self._buffered))
             parts = [f.result() for f in self._futures]
             with s3_errors(f"complete {self.key}"):
                 self._p.client.complete_multipart_upload(
@@ -244,7 +334,6 @@ class S3FileWriter:
                     MultipartUpload={"Parts": parts},
                 )
             self._p.note_written(self.key, completed_upload=self.upload_id)
-        self._buf = bytearray()
         self._futures = []
         self._info = FileInfo(name=self.name, size=self._hc.size, sha256=self._hc.hexdigest())
         return self._info
@@ -253,7 +342,7 @@ class S3FileWriter:
         for f in self._futures:
             f.cancel()
         wait_futures(self._futures, timeout=timeout)
-        self._buf = bytearray()
+        self._chunks, self._buffered = [], 0
 
 
 class S3PendingUpload:

@@ -274,3 +274,21 @@ def test_file_source_listing_skips_links_and_dirs(local_store: LocalArtifactStor
         local_store.open_source(src.as_uri() + "/", "link")
     with pytest.raises(NotFound):
         local_store.list_source((tmp_path / "missing").as_uri() + "/")
+
+
+def test_part_body_reads_and_seeks_across_chunks() -> None:
+    from registry.storage.s3 import _PartBody
+
+    data = os.urandom(10_000)
+    chunks: list[bytes | memoryview] = [data[:3000], memoryview(data)[3000:3001], data[3001:]]
+    body = _PartBody(chunks)
+    assert body.size == 10_000 and body.read() == data and body.read(5) == b""
+    body.seek(2990)
+    assert body.read(20) == data[2990:3010] and body.tell() == 3010
+    assert body.seek(0, 2) == 10_000 and body.seek(-10, 1) == 9990
+    assert body.read(100) == data[9990:]
+    body.seek(0)
+    got = bytearray()
+    while piece := body.read(777):
+        got += piece
+    assert bytes(got) == data
