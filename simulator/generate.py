@@ -253,7 +253,10 @@ async def _unary(app: SimApp, req: Request, p: Parsed, rid: str) -> None:
         futs.append(fut)
         app.driver.submit(ch.req_id, p.lora, ch.prompt_tokens, ch.gen.num_tokens, _resolver(fut, app, ch))
     try:
-        await asyncio.gather(*futs)
+        if len(futs) == 1:
+            await futs[0]
+        else:
+            await asyncio.gather(*futs)
     except asyncio.CancelledError:
         for ch in p.choices:
             app.driver.abort(ch.req_id)
