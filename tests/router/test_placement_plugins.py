@@ -218,3 +218,15 @@ def test_round_robin_picker_cycles() -> None:
     c = ctx("a", view("r0"), view("r1"), view("r2"))
     rr = RoundRobinPicker()
     assert [rr.pick(c, [0.0, 0.0, 0.0]) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_saturated_for_table() -> None:
+    from router.placement.scorers import saturated_for
+
+    hw, ah = 0.8, 0.3
+    assert saturated_for(view("r", res("a", inflight=85)), res("a", inflight=85), hw, ah)  # replica load
+    assert saturated_for(view("r", res("a", inflight=30)), res("a", inflight=30), hw, ah)  # adapter share
+    assert not saturated_for(view("r", res("a", inflight=10)), res("a", inflight=10), hw, ah)
+    full = view("r", res("a"), res("b", inflight=1), res("c", inflight=1), max_loras=2)
+    assert saturated_for(full, full.residents["a"], hw, ah)  # would be deferred behind max_loras
+    assert not saturated_for(view("r", res("b", inflight=1)), None, hw, ah)
