@@ -42,6 +42,7 @@ from registry.repositories.state import NOTIFIED_KEY, NOTIFY_CHANNEL_KEY, REVISI
 log = logging.getLogger("loraplane.registry.feed")
 
 DEFAULT_CHANNEL = "loraplane_registry"
+APPLICATION_NAME = "loraplane-feed"
 
 
 class ChangeFeed(Protocol):
@@ -153,7 +154,7 @@ class PollingFeed(InProcessFeed):
             pass
         try:
             rev = await anyio.to_thread.run_sync(read_revision, self._factory)
-        except Exception as e:  # noqa: BLE001 - a failed poll is retried at the next tick
+        except Exception as e:
             log.warning("change feed poll failed", extra={"error": str(e)})
             return None
         with self._lock:
@@ -189,7 +190,7 @@ class PostgresNotifyFeed:
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                    self.dsn, autocommit=True, connect_timeout=5
+                    self.dsn, autocommit=True, connect_timeout=5, application_name=APPLICATION_NAME
                 ) as conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     cur = await conn.execute("SELECT revision FROM registry_state WHERE id = 1")

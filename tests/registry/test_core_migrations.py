@@ -1,0 +1,97 @@
+# ruff: noqa: F811 - pytest fixtures imported from core_support
+"""Migrations: one head, upgrade on SQLite and PostgreSQL, no drift from the models, and the
+stale-schema guard that services run at start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+import registry.models  # noqa: F401 - tables on the metadata
+from kit import localservices as ls
+from kit.db import make_engine
+from kit.errors import Unavailable
+from kit.orm import Base
+from registry import migrate
+from tests.registry.core_support import make_settings, pg_migrated, sqlite_template  # noqa: F401
+
+EXPECTED_TABLES = {
+    "base_models", "adapters", "versions", "tenants", "api_keys", "grants", "audit_events", "registry_state",
+}  # fmt: skip
+
+
+def test_single_head() -> None:
+    heads = ScriptDirectory.from_config(migrate.alembic_config()).get_heads()
+    assert len(heads) == 1
+    assert migrate.head() == heads[0]
+
+
+def _assert_at_head_without_drift(url: str) -> None:
+    assert migrate.current(url) == migrate.head()
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            assert compare_metadata(ctx, Base.metadata) == []
+            import sqlalchemy as sa
+
+            assert set(sa.inspect(conn).get_table_names()) >= EXPECTED_TABLES
+            assert conn.execute(sa.text("SELECT revision FROM registry_state WHERE id = 1")).scalar() == 0
+        migrate.check_schema(engine)  # does not raise
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_sqlite_from_empty_and_no_drift(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/fresh.db"
+    assert migrate.current(url) is None
+    migrate.upgrade(url)
+    _assert_at_head_without_drift(url)
+    migrate.upgrade(url)  # idempotent
+    assert migrate.current(url) == migrate.head()
+
+
+def test_upgrade_postgresql_and_no_drift(pg_migrated: str) -> None:
+    _assert_at_head_without_drift(pg_migrated)
+
+
+def test_stale_schema_is_refused(tmp_path: Path) -> None:
+    from registry.api import create_admin_app
+
+    url = f"sqlite:///{tmp_path}/stale.db"
+    engine = make_engine(url)
+    try:
+        with pytest.raises(Unavailable) as exc:
+            migrate.check_schema(engine)
+        assert exc.value.code == "stale_schema"
+        assert exc.value.message == "database schema is not at head: run `loraplane db upgrade`"
+        with pytest.raises(Unavailable, match="loraplane db upgrade"):
+            create_admin_app(make_settings(tmp_path, url), engine=engine)
+    finally:
+        engine.dispose()
+
+
+def test_stale_schema_is_refused_on_postgresql() -> None:
+    with ls.temp_pg_database("stale") as url:
+        engine = make_engine(url)
+        try:
+            with pytest.raises(Unavailable) as exc:
+                migrate.check_schema(engine)
+            assert exc.value.code == "stale_schema"
+        finally:
+            engine.dispose()
+
+
+def test_downgrade_and_upgrade_round_trip(tmp_path: Path) -> None:
+    from alembic import command
+
+    url = f"sqlite:///{tmp_path}/rt.db"
+    migrate.upgrade(url)
+    command.downgrade(migrate.alembic_config(url), "base")
+    assert migrate.current(url) is None
+    migrate.upgrade(url)
+    _assert_at_head_without_drift(url)
