@@ -1,0 +1,143 @@
+"""Unit tests of the router's pure parts: vLLM driver parsing/classification, rewrite, usage, names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from router.drivers.vllm import VllmDriver, classify_load
+from router.forwarding import error_event, make_rewriter, parse_usage
+from router.settings import PoolConfig, RouterSettings
+from router.staging import StagingError, inside
+from router.store import parse_lora_name
+
+METRICS = """# HELP vllm:num_requests_running x
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="demo-base"} 3.0
+vllm:num_requests_running{engine="1",model_name="demo-base"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="demo-base"} 2.0
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="demo-base",reason="capacity"} 0.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="demo-base",reason="deferred"} 2.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="demo-base"} 0.25
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="1",running_lora_adapters="fs_lora,b",waiting_lora_adapters="fs_lora"} 1.7959352955416005e+09
+vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""} 1.795935295541919e+09
+"""
+
+
+async def test_parse_metrics_takes_latest_lora_sample_and_sums_engines() -> None:
+    async with aiohttp.ClientSession() as s:
+        m = VllmDriver(s).parse_metrics(METRICS)
+    assert m.running == 4
+    assert m.waiting == 2
+    assert m.waiting_by_reason == {"capacity": 0, "deferred": 2}
+    assert m.kv_cache_usage == pytest.approx(0.25)
+    # The stale series (older timestamp) listed fs_lora; the latest lists nothing.
+    assert m.lora_running == ()
+    assert m.lora_waiting == ()
+    assert m.max_lora == 1
+
+
+async def test_parse_metrics_garbage_is_empty() -> None:
+    async with aiohttp.ClientSession() as s:
+        m = VllmDriver(s).parse_metrics("this is { not prometheus")
+    assert m.running == 0 and m.lora_running == ()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "failure", "elsewhere"),
+    [
+        (200, b"Success: LoRA adapter 'x' added successfully.", None, False),
+        (
+            404,
+            b'{"error":{"message":"Loading lora x failed: No adapter found for <path>","type":"NotFoundError",'
+            b'"param":null,"code":404}}',
+            "not_found",
+            True,
+        ),
+        (404, b'{"detail":"Not Found"}', "rejected", False),
+        (
+            500,
+            b'{"error":{"message":"Call to add_lora method failed: LoRA rank 32 is greater than max_lora_rank 16.",'
+            b'"type":"InternalServerError","param":null,"code":500}}',
+            "rejected",
+            False,
+        ),
+        (
+            400,
+            b'{"error":{"message":"The lora adapter \'x\' has already been loaded.","type":"InvalidUserInput",'
+            b'"param":null,"code":400}}',
+            "conflict",
+            True,
+        ),
+        (503, b"", "replica_down", True),
+    ],
+)
+def test_classify_load(status: int, body: bytes, failure: str | None, elsewhere: bool) -> None:
+    res = classify_load(status, body)
+    assert res.ok == (failure is None)
+    assert res.failure == failure
+    if failure is not None:
+        assert res.retry_elsewhere == elsewhere
+
+
+def test_rewriter_replaces_model_and_detects_wrong_answer() -> None:
+    rw = make_rewriter("acme@v1-0123abcd", 'demo-base:acme "quoted"')
+    body = b'{"id":"x","object":"chat.completion","model":"acme@v1-0123abcd","choices":[]}'
+    out, wrong = rw.rewrite(body)
+    assert wrong is None
+    assert out == b'{"id":"x","object":"chat.completion","model":"demo-base:acme \\"quoted\\"","choices":[]}'
+    out2, wrong2 = rw.rewrite(body.replace(b"acme@v1-0123abcd", b"other@v2-ffffffff"))
+    assert wrong2 == b"other@v2-ffffffff"
+    # content that mentions a model in a string is escaped JSON and is not touched
+    tricky = b'{"model":"acme@v1-0123abcd","content":"\\"model\\":\\"zzz\\""}'
+    out3, wrong3 = rw.rewrite(tricky)
+    assert wrong3 is None and b"zzz" in out3
+
+
+def test_parse_usage_and_error_event() -> None:
+    u = parse_usage(b'{"choices":[],"usage":{"prompt_tokens":17,"total_tokens":20,"completion_tokens":3}}')
+    assert u is not None and (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (17, 3, 20)
+    assert parse_usage(b'{"choices":[]}') is None
+    ev = error_event("boom")
+    assert ev.startswith(b'data: {"error":') and ev.endswith(b"data: [DONE]\n\n")
+
+
+def test_lora_names() -> None:
+    assert parse_lora_name("acme@v12-0123abcd") == ("acme", "v12")
+    for bad in ("acme", "acme@v1", "../x@v1-0123abcd", "acme@v0-0123abcd", "a..b@v1-0123abcd", "acme@v1-XYZ"):
+        assert parse_lora_name(bad) is None
+
+
+def test_inside_refuses_escapes(tmp_path: Path) -> None:
+    root = tmp_path / "staging"
+    root.mkdir()
+    assert inside(root, root / "a@v1-0123abcd") == (root / "a@v1-0123abcd").resolve()
+    for bad in (root / ".." / "x", root, Path("/etc/passwd")):
+        with pytest.raises(StagingError):
+            inside(root, bad)
+    (root / "link").symlink_to(tmp_path)
+    with pytest.raises(StagingError):
+        inside(root, root / "link" / "x")
+
+
+def test_settings_pools_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "LORAPLANE_POOLS",
+        '[{"name":"p","base_model":"demo-base","urls":["http://127.0.0.1:1/"],"max_loras":2,"max_adapters":1,'
+        '"staging":{"mode":"agent","url_template":"http://{host}:9090","token":"s3cret"}}]',
+    )
+    s = RouterSettings()
+    pool = s.pools[0]
+    assert pool.urls == ["http://127.0.0.1:1"]
+    assert pool.max_adapters == 2  # never below max_loras
+    assert pool.served_name == "demo-base"
+    assert pool.staging.mode == "agent" and pool.staging.token is not None
+    assert pool.staging.token.get_secret_value() == "s3cret"
+    with pytest.raises(ValueError):
+        PoolConfig(urls=["http://a:1"], dns="b:2")
