@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Protocol
 
 import anyio.to_thread
@@ -119,7 +119,7 @@ class InProcessFeed:
         event.clear()
         return self._latest
 
-    async def listen(self) -> AsyncIterator[int]:
+    async def listen(self) -> AsyncGenerator[int, None]:
         event = asyncio.Event()
         entry = (asyncio.get_running_loop(), event)
         with self._lock:
@@ -184,7 +184,7 @@ class PostgresNotifyFeed:
         with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
             conn.execute("SELECT pg_notify(%s, %s)", (self.channel, str(revision)))
 
-    async def listen(self) -> AsyncIterator[int]:
+    async def listen(self) -> AsyncGenerator[int, None]:
         last: int | None = None
         backoff = 0.1
         while True:

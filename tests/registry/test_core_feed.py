@@ -48,12 +48,19 @@ async def test_in_process_feed_wakes_listeners_from_other_threads() -> None:
     feed = InProcessFeed()
     it = feed.listen()
     assert await _next(it) == 0
-    threading.Thread(target=lambda: [feed.publish(r) for r in (1, 2, 3)]).start()
+
+    def publish_all() -> None:
+        for r in (1, 2, 3):
+            feed.publish(r)
+
+    t = threading.Thread(target=publish_all)
+    t.start()
     got = await _next(it)
     # coalescing is allowed, losing the latest is not
     while got < 3:
         got = await _next(it)
     assert got == 3
+    t.join(timeout=5)
     feed.publish(2)  # older revisions are ignored
     feed.publish(4)
     assert await _next(it) == 4
