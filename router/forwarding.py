@@ -53,7 +53,7 @@ class Rewriter:
         """(rewritten, None) or (payload, wrong_name) when the replica answered for another model."""
         i = payload.find(MODEL_KEY)
         if i < 0:
-            return payload, None
+            return self._slow(payload) if b'"model"' in payload else (payload, None)
         start = i + len(MODEL_KEY)
         end = payload.find(b'"', start)
         if end < 0:
@@ -62,6 +62,21 @@ class Rewriter:
         if got != self.expected:
             return payload, got
         return payload[:i] + self.replacement + payload[end + 1 :], None
+
+    def _slow(self, payload: bytes) -> tuple[bytes, bytes | None]:
+        """Non-compact JSON (``"model": "x"``): parse, check and re-encode."""
+        offset = 6 if payload.startswith(b"data: ") else 0
+        try:
+            data = orjson.loads(payload[offset:])
+        except orjson.JSONDecodeError:
+            return payload, None
+        if not isinstance(data, dict) or not isinstance(data.get("model"), str):
+            return payload, None
+        got = data["model"].encode()
+        if got != self.expected:
+            return payload, got
+        data["model"] = orjson.loads(self.replacement[len(b'"model":') :])
+        return payload[:offset] + orjson.dumps(data), None
 
 
 def make_rewriter(expected_model: str, client_model: str) -> Rewriter:
@@ -131,6 +146,7 @@ class StreamRelay:
         self._buf = b""
         self._done = False
         self._failed = False
+        self._pending_wrong: bytes | None = None
         self._chunks = resp.content.iter_any()
 
     def _events(self, data: bytes) -> tuple[bytes, bytes | None]:
@@ -173,8 +189,10 @@ class StreamRelay:
                 raise Retryable(f"replica failed before the first event: {exc}", replica_down=True) from exc
             out, wrong = self._events(data)
             if wrong is not None:
-                await self._on_wrong(wrong)
-                raise WrongAdapter(f"replica answered for model {wrong.decode(errors='replace')!r}")
+                if not out:
+                    await self._on_wrong(wrong)
+                    raise WrongAdapter(f"replica answered for model {wrong.decode(errors='replace')!r}")
+                self._pending_wrong = wrong  # reported after the good events before it
             if out:
                 return out
         return b""
@@ -189,6 +207,10 @@ class StreamRelay:
         try:
             if first:
                 yield first
+            if self._pending_wrong is not None:
+                await self._on_wrong(self._pending_wrong)
+                yield error_event("the replica answered with another adapter", code="wrong_adapter")
+                return
             if self._failed:
                 return
             while not self._done:

@@ -60,7 +60,9 @@ RouterFactory = Callable[..., Awaitable[Router]]
 
 
 @pytest.fixture
-async def make_router(tmp_path: Path, artifacts: LocalArtifactStore, audit: MemoryAuditSink) -> AsyncIterator[RouterFactory]:
+async def make_router(
+    tmp_path: Path, artifacts: LocalArtifactStore, audit: MemoryAuditSink
+) -> AsyncIterator[RouterFactory]:
     routers: list[Router] = []
 
     async def factory(

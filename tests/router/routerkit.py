@@ -65,7 +65,9 @@ def snapshot_of(*versions: VersionInfo, revision: int = 1, disabled: tuple[str, 
         )
     return RoutingSnapshot(
         revision=revision,
-        base_models={"demo-base": BaseModelInfo("demo-base", "loraplane/demo-base", 64, ("q_proj", "v_proj"))},
+        base_models={
+            "demo-base": BaseModelInfo("demo-base", "loraplane/demo-base", 64, ("q_proj", "v_proj"))
+        },
         adapters=adapters,
     )
 
@@ -102,7 +104,9 @@ def chat(
     )
 
 
-async def wait_until(pred: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0, step: float = 0.05) -> None:
+async def wait_until(
+    pred: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0, step: float = 0.05
+) -> None:
     """Poll ``pred`` until true (bounded); AssertionError on timeout."""
     deadline = time.monotonic() + timeout
     for _ in range(int(timeout / step) + 2):
@@ -204,7 +208,15 @@ class Sim:
 def start_sims(n: int, *extra: str) -> list[Sim]:
     from kit.localservices import free_port
 
-    args = ["--model", "demo-base", "--zero-latency", "--enable-fault-control", "--log-level", "error", *extra]
+    args = [
+        "--model",
+        "demo-base",
+        "--zero-latency",
+        "--enable-fault-control",
+        "--log-level",
+        "error",
+        *extra,
+    ]
     sims: list[Sim] = []
     try:
         for _ in range(n):

@@ -12,7 +12,7 @@ import pytest
 from registry.audit_sink import MemoryAuditSink
 from router.contract import ForwardResult
 from tests.router.conftest import RouterFactory
-from tests.router.routerkit import Sim, chat, put_version, snapshot_of, wait_until
+from tests.router.routerkit import Sim, chat, put_version, snapshot_of
 
 pytestmark = pytest.mark.xdist_group("router-sims")
 
