@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, ParamSpec, TypeVar
@@ -118,8 +119,14 @@ def print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
 
 
+_ISO_TS = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:?\d\d)?$")
+
+
 def fmt(value: Any) -> str:
-    """One table cell: None → "-", lists joined, dicts as compact JSON."""
+    """One table cell: None → "-", lists joined, dicts as compact JSON, timestamps to the second."""
+    if isinstance(value, str) and (m := _ISO_TS.match(value)):
+        zone = m.group(3) or ""
+        return f"{m.group(1)} {m.group(2)}{'Z' if zone in ('Z', '+00:00', '+0000') else zone}"
     if value is None:
         return "-"
     if isinstance(value, bool):

@@ -64,7 +64,6 @@ _VERSION_COLUMNS = [
     ("size", lambda v: human_bytes(sum(int(f.get("size", 0)) for f in v.get("files") or []))),
     ("rollback to", field("rollback_to")),
     ("quality gate", field("quality_gate")),
-    ("created by", field("created_by")),
     ("created", field("created_at")),
 ]
 

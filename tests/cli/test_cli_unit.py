@@ -418,3 +418,12 @@ def test_groups_are_mounted_in_the_loraplane_cli() -> None:
     res = CliRunner().invoke(app, ["adapters", "--help"], env={"COLUMNS": "200"})
     for cmd in ("push", "promote", "rollback", "disable-version", "prewarm", "replicas", "audit"):
         assert cmd in res.output
+
+
+def test_table_cells() -> None:
+    assert common.fmt("2026-11-29T08:40:06.167690Z") == "2026-11-29 08:40:06Z"
+    assert common.fmt(None) == "-" and common.fmt(True) == "yes"
+    assert common.fmt(["q_proj", "v_proj"]) == "q_proj, v_proj"
+    assert common.fmt({"rpm": 1}) == '{"rpm":1}'
+    assert common.human_bytes(34_200) == "33.4 KiB"
+    assert common.normalise_version("3") == "v3" and common.normalise_version("v12") == "v12"
