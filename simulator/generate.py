@@ -412,6 +412,11 @@ async def _stream(app: SimApp, req: Request, p: Parsed, rid: str) -> None:
             if item is None:  # client went away
                 return
             ch, ev = item
+            if faults.dead:  # the engine died after the stream started: vLLM's in-band error
+                err = orjson.dumps({"error": {"message": app.dead_message, "type": "InternalServerError",
+                                              "param": None, "code": 500}})  # fmt: skip
+                await req.send({"type": "http.response.body", "body": b"data: " + err + b"\n\n" + _DONE})
+                return
             if ev.kind == "token":
                 if die_after is not None and sent_tokens >= die_after:
                     raise AbortConnection("fault injection: die mid-stream")

@@ -15,7 +15,9 @@ MakeAdapter = Callable[..., str]
 def test_conformance_passes_against_the_simulator(make_adapter: MakeAdapter, tmp_path: Path) -> None:
     good, bad = make_adapter("good", seed=1), make_adapter("bad", rank=128)
     out = tmp_path / "report.json"
-    with simulators(1, model="tinybase", extra_args=["--zero-latency", "--api-key", "k"]) as procs:
+    with simulators(
+        1, model="tinybase", extra_args=["--zero-latency", "--api-key", "k"], ready_timeout=120
+    ) as procs:
         argv = [procs[0].url, "--model", "tinybase", "--adapter-dir", good, "--bad-rank-dir", bad]
         rc = main([*argv, "--api-key", "k", "--json", str(out)])
         report = json.loads(out.read_text())
@@ -32,7 +34,7 @@ def test_conformance_passes_against_the_simulator(make_adapter: MakeAdapter, tmp
 
 def test_conformance_catches_a_server_without_runtime_lora(make_adapter: MakeAdapter) -> None:
     good, bad = make_adapter("good", seed=1), make_adapter("bad", rank=128)
-    with simulators(1, extra_args=["--zero-latency", "--no-allow-runtime-lora"]) as procs:
+    with simulators(1, extra_args=["--zero-latency", "--no-allow-runtime-lora"], ready_timeout=120) as procs:
         report = run_conformance(procs[0].url, model="demo-base", adapter_dir=good, bad_rank_dir=bad)
     failed = {c.name for c in report.failed}
     assert "load: 200, exact plain-text success body, no Content-Type" in failed

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +12,7 @@ import httpx
 import pytest
 
 from simulator.config import FaultState, SimConfig
+from simulator.engine import TimingParams
 from simulator.procs import SimulatorStartError, start_simulators, stop_all
 from tests.simulator.simutil import load, sim_client
 
@@ -61,6 +64,26 @@ async def test_dead_engine(make_adapter: MakeAdapter) -> None:
         assert (await c.get("/health")).status_code == 200
 
 
+async def test_engine_death_mid_stream_is_an_in_band_error() -> None:
+    timing = TimingParams.zero(decode_base_s=0.05)
+    async with sim_client(SimConfig(timing=timing)) as (c, app):
+
+        async def kill_soon() -> None:
+            await asyncio.sleep(0.3)
+            app.config.faults.dead = True
+
+        killer = asyncio.create_task(kill_soon())
+        body = {"prompt": "x", "max_tokens": 40, "stream": True}
+        r = await c.post("/v1/completions", json=body)
+        await killer
+        assert r.status_code == 200
+        blocks = r.text.split("\n\n")
+        assert blocks[-1] == "" and blocks[-2] == "data: [DONE]"
+        err = json.loads(blocks[-3][len("data: ") :])
+        assert err["error"]["type"] == "InternalServerError" and err["error"]["code"] == 500
+        assert 1 <= len(blocks) - 3 < 40  # some tokens, not all
+
+
 async def test_exit_after_requests_in_process_marks_dead() -> None:
     async with sim_client(SimConfig(faults=FaultState(exit_after_requests=2))) as (c, _):
         for _ in range(2):
@@ -103,7 +126,7 @@ def test_real_process_faults_auth_static_and_restart(make_adapter: MakeAdapter) 
         "--lora-modules",
         f"static1={static}",
     ]
-    procs = start_simulators(1, model="tinybase", extra_args=args)
+    procs = start_simulators(1, model="tinybase", extra_args=args, ready_timeout=120)
     try:
         p = procs[0]
         auth = {"Authorization": "Bearer k1"}
@@ -135,7 +158,7 @@ def test_real_process_faults_auth_static_and_restart(make_adapter: MakeAdapter) 
         assert not p.alive()
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{p.url}/health")
-        p.restart()
+        p.restart(timeout=120)
         assert httpx.get(f"{p.url}/health").status_code == 200
         models = httpx.get(f"{p.url}/v1/models", headers=auth).json()["data"]
         assert [m["id"] for m in models] == ["tinybase", "static1"]
@@ -156,7 +179,10 @@ def p_requests(url: str) -> int:
 
 def test_real_process_gate_and_start_dead(tmp_path: Path) -> None:
     procs = start_simulators(
-        1, extra_args=["--zero-latency", "--start-dead"], env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "0"}
+        1,
+        extra_args=["--zero-latency", "--start-dead"],
+        env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "0"},
+        ready_timeout=120,
     )
     try:
         url = procs[0].url
@@ -166,4 +192,4 @@ def test_real_process_gate_and_start_dead(tmp_path: Path) -> None:
     finally:
         stop_all(procs)
     with pytest.raises(SimulatorStartError, match="exited early"):
-        start_simulators(1, extra_args=["--lora-modules", f"bad={tmp_path / 'none'}"], ready_timeout=20)
+        start_simulators(1, extra_args=["--lora-modules", f"bad={tmp_path / 'none'}"], ready_timeout=120)

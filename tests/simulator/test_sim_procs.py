@@ -24,7 +24,7 @@ def _state(url: str) -> dict:
 
 
 def test_real_time_process(make_adapter: MakeAdapter) -> None:
-    p = SimProcess(extra_args=ARGS).start()
+    p = SimProcess(extra_args=ARGS, ready_timeout=120).start()
     try:
         with pytest.raises(httpx.ConnectError):  # connection refused until ready
             httpx.get(f"{p.url}/health")
