@@ -226,6 +226,7 @@ class ReplicaStore:
         models: ModelsInfo | None = None
         ok = False
         error = ""
+        started = self._clock()
         try:
             healthy, models, sample = await asyncio.wait_for(self._fetch(rep), self._settings.poll_timeout_s)
             ok = healthy
@@ -243,7 +244,7 @@ class ReplicaStore:
                 rep.healthy = True
                 log.info("replica healthy", extra={"replica": rep.url, "pool": rep.pool.name})
                 self._update_gauge(rep.pool.name)
-            self.reconcile(rep, models)
+            self.reconcile(rep, models, started)
         else:
             self.mark_failure(rep, error)
         rep.polled.set()
@@ -261,13 +262,17 @@ class ReplicaStore:
             )
             self._update_gauge(rep.pool.name)
 
-    def reconcile(self, rep: ReplicaState, models: ModelsInfo) -> None:
-        """Align residency with what the replica says it has registered."""
+    def reconcile(self, rep: ReplicaState, models: ModelsInfo, asked_at: float | None = None) -> None:
+        """Align residency with what the replica said (at ``asked_at``) it has registered.
+
+        Records that changed after the question was asked (a load finished meanwhile) are kept.
+        """
         now = self._clock()
+        asked = now if asked_at is None else asked_at
         listed = models.adapters
         for name in list(rep.residents):
             r = rep.residents[name]
-            if r.state == "resident" and name not in listed:
+            if r.state == "resident" and name not in listed and r.since <= asked:
                 log.info(
                     "adapter vanished from replica",
                     extra={"replica": rep.url, "lora_name": name},

@@ -16,7 +16,7 @@ from registry.audit_sink import MemoryAuditSink
 from registry.storage.local import LocalArtifactStore
 from router.core import Router
 from router.settings import PoolConfig, RouterSettings
-from tests.router.routerkit import Sim, http, start_sims
+from tests.router.routerkit import Sim, http, start_sims, wait_until
 
 N_SIMS = 3
 
@@ -74,6 +74,7 @@ async def make_router(
         store: Any = None,
         staging: dict[str, Any] | None = None,
         audit_sink: Any = None,
+        wait_healthy: bool = True,
         **overrides: Any,
     ) -> Router:
         pool = PoolConfig(
@@ -88,7 +89,7 @@ async def make_router(
             "pools": [pool],
             "data_dir": tmp_path / "data",
             "poll_interval_s": 0.2,
-            "poll_timeout_s": 1.0,
+            "poll_timeout_s": 5.0,
             "unhealthy_after": 2,
             "reconcile_interval_s": 0.3,
             "load_timeout_s": 10.0,
@@ -103,8 +104,10 @@ async def make_router(
             redis=redis,
             registry=CollectorRegistry(),
         )
-        await r.start()
         routers.append(r)
+        await r.start()
+        if wait_healthy:  # the machine may be busy: give first polls time
+            await wait_until(lambda: r.healthy_count() == len(urls), timeout=30)
         return r
 
     yield factory

@@ -25,7 +25,7 @@ vllm:num_requests_waiting_by_reason{engine="0",model_name="demo-base",reason="de
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="demo-base"} 0.25
 # TYPE vllm:lora_requests_info gauge
-vllm:lora_requests_info{max_lora="1",running_lora_adapters="fs_lora,b",waiting_lora_adapters="fs_lora"} 1.7959352955416005e+09
+vllm:lora_requests_info{max_lora="1",running_lora_adapters="a,b",waiting_lora_adapters="a"} 1.79593529e+09
 vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""} 1.795935295541919e+09
 """
 
@@ -55,7 +55,8 @@ async def test_parse_metrics_garbage_is_empty() -> None:
         (200, b"Success: LoRA adapter 'x' added successfully.", None, False),
         (
             404,
-            b'{"error":{"message":"Loading lora x failed: No adapter found for <path>","type":"NotFoundError",'
+            b'{"error":{"message":"Loading lora x failed: No adapter found for <path>",'
+            b'"type":"NotFoundError",'
             b'"param":null,"code":404}}',
             "not_found",
             True,
@@ -63,14 +64,16 @@ async def test_parse_metrics_garbage_is_empty() -> None:
         (404, b'{"detail":"Not Found"}', "rejected", False),
         (
             500,
-            b'{"error":{"message":"Call to add_lora method failed: LoRA rank 32 is greater than max_lora_rank 16.",'
+            b'{"error":{"message":"Call to add_lora method failed: LoRA rank 32 is greater than '
+            b'max_lora_rank 16.",'
             b'"type":"InternalServerError","param":null,"code":500}}',
             "rejected",
             False,
         ),
         (
             400,
-            b'{"error":{"message":"The lora adapter \'x\' has already been loaded.","type":"InvalidUserInput",'
+            b'{"error":{"message":"The lora adapter \'x\' has already been loaded.",'
+            b'"type":"InvalidUserInput",'
             b'"param":null,"code":400}}',
             "conflict",
             True,
@@ -92,7 +95,7 @@ def test_rewriter_replaces_model_and_detects_wrong_answer() -> None:
     out, wrong = rw.rewrite(body)
     assert wrong is None
     assert out == b'{"id":"x","object":"chat.completion","model":"demo-base:acme \\"quoted\\"","choices":[]}'
-    out2, wrong2 = rw.rewrite(body.replace(b"acme@v1-0123abcd", b"other@v2-ffffffff"))
+    _out2, wrong2 = rw.rewrite(body.replace(b"acme@v1-0123abcd", b"other@v2-ffffffff"))
     assert wrong2 == b"other@v2-ffffffff"
     # content that mentions a model in a string is escaped JSON and is not touched
     tricky = b'{"model":"acme@v1-0123abcd","content":"\\"model\\":\\"zzz\\""}'
