@@ -11,25 +11,22 @@ prefix. botocore errors become :mod:`kit.errors` (a down S3 is 503 ``storage_una
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import io
 import logging
 import re
 import threading
 import uuid
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
-from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, cast
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from kit.errors import InvalidRequest, LoraplaneError, NotFound, Unavailable
-from registry.snapshot import FileInfo
-from registry.storage.base import HashingCounter, SourceEntry, list_file_source, open_file_source
+from kit.errors import InvalidRequest, LoraplaneError
+from registry.storage.base import SourceEntry, list_file_source, open_file_source
+from registry.storage.s3_multipart import S3FileWriter, s3_errors, translate_error
 from registry.validation import check_filename
 
 if TYPE_CHECKING:
@@ -38,7 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
-_NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404", "NoSuchBucket"}
 MIN_PART = 5 * 1024 * 1024
 READ_BUFFER = 1024 * 1024
 
@@ -72,24 +68,6 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     if not _BUCKET_RE.match(bucket):
         raise InvalidRequest(f"bad bucket name in {uri!r}")
     return bucket, key
-
-
-def _raise_translated(e: Exception, what: str) -> NoReturn:
-    if isinstance(e, ClientError):
-        code = str(e.response.get("Error", {}).get("Code", ""))
-        if code in _NOT_FOUND_CODES:
-            raise NotFound(f"S3 {what}: {code}", code="artifact_not_found") from e
-        raise Unavailable(f"S3 {what} failed: {code or 'error'}", code="storage_unavailable") from e
-    raise Unavailable(f"S3 {what} failed: {type(e).__name__}", code="storage_unavailable") from e
-
-
-@contextlib.contextmanager
-def s3_errors(what: str) -> Iterator[None]:
-    """Translate botocore errors raised inside the block into kit.errors."""
-    try:
-        yield
-    except (ClientError, BotoCoreError) as e:
-        _raise_translated(e, what)
 
 
 class _S3Body(io.RawIOBase):
@@ -157,7 +135,7 @@ class S3SourceReader:
                     if name:
                         out.append(SourceEntry(name, int(o["Size"])))
         except (ClientError, BotoCoreError) as e:
-            _raise_translated(e, f"list {source_uri}")
+            translate_error(e, f"list {source_uri}")
         return sorted(out, key=lambda s: s.name)
 
     def open_source(self, source_uri: str, name: str) -> BinaryIO:
@@ -165,184 +143,6 @@ class S3SourceReader:
             return open_file_source(source_uri, name)
         bucket, prefix = parse_s3_uri(source_uri)
         return _open_object(self.client, bucket, prefix + name)
-
-
-class _PartBody(io.RawIOBase):
-    """One part's chunks as a seekable stream, so a part is never copied into one big buffer."""
-
-    def __init__(self, chunks: list[bytes | memoryview]) -> None:
-        self._chunks = chunks
-        self._starts: list[int] = []
-        pos = 0
-        for c in chunks:
-            self._starts.append(pos)
-            pos += len(c)
-        self.size = pos
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def _locate(self) -> tuple[int, int]:
-        i = bisect.bisect_right(self._starts, self._pos) - 1
-        return i, self._pos - self._starts[i]
-
-    def read(self, size: int | None = -1) -> bytes:
-        if self._pos >= self.size:
-            return b""
-        if size is None or size < 0:
-            size = self.size - self._pos
-        i, off = self._locate()
-        chunk = self._chunks[i]
-        if off + size <= len(chunk):  # inside one chunk: one copy, no scratch buffer
-            self._pos += size
-            return bytes(chunk[off : off + size])
-        out = bytearray(min(size, self.size - self._pos))
-        n = self.readinto(out)
-        return bytes(out[:n]) if n < len(out) else bytes(out)
-
-    def readinto(self, b: Any) -> int:
-        view = memoryview(b).cast("B")
-        want = len(view)
-        done = 0
-        while done < want and self._pos < self.size:
-            i, off = self._locate()
-            chunk = self._chunks[i]
-            n = min(want - done, len(chunk) - off)
-            view[done : done + n] = chunk[off : off + n]
-            done += n
-            self._pos += n
-        return done
-
-
-class S3FileWriter:
-    """Streams one object: single put when small, else multipart with parts in flight."""
-
-    def __init__(self, pending: S3PendingUpload, name: str) -> None:
-        self.name = name
-        self._p = pending
-        self.key = pending.key_prefix + name
-        self._chunks: list[bytes | memoryview] = []
-        self._buffered = 0
-        self._hc = HashingCounter()
-        self.upload_id: str | None = None
-        self._futures: list[Future[dict[str, Any]]] = []
-        self._slots = threading.BoundedSemaphore(pending.store.max_inflight_parts)
-        self._next_part = 1
-        self._info: FileInfo | None = None
-
-    def write(self, chunk: bytes) -> None:
-        if self._info is not None:
-            raise RuntimeError(f"write to closed file {self.name!r}")
-        self._p.check_open()
-        if not isinstance(chunk, bytes):
-            chunk = bytes(chunk)  # callers may reuse mutable buffers
-        if not chunk:
-            return
-        self._hc.update(chunk)
-        self._chunks.append(chunk)
-        self._buffered += len(chunk)
-        ps = self._p.store.part_size
-        while self._buffered >= ps:
-            self._submit(self._take(ps))
-
-    def _take(self, n: int) -> list[bytes | memoryview]:
-        """The first ``n`` buffered bytes as a chunk list (the chunk on the edge is split
-        without copying)."""
-        out: list[bytes | memoryview] = []
-        got = 0
-        while got < n:
-            c = self._chunks.pop(0)
-            if got + len(c) > n:
-                k = n - got
-                mv = memoryview(c)
-                out.append(mv[:k])
-                self._chunks.insert(0, mv[k:])
-                got = n
-            else:
-                out.append(c)
-                got += len(c)
-        self._buffered -= n
-        return out
-
-    def _submit(self, part: list[bytes | memoryview]) -> None:
-        self._raise_failed()
-        if self.upload_id is None:
-            self.upload_id = self._p.start_multipart(self.key)
-        self._slots.acquire()
-        n = self._next_part
-        self._next_part += 1
-        try:
-            fut = self._p.store.executor.submit(self._upload_part, n, part)
-        except BaseException:
-            self._slots.release()
-            raise
-        self._futures.append(fut)
-
-    def _upload_part(self, n: int, chunks: list[bytes | memoryview]) -> dict[str, Any]:
-        try:
-            body = _PartBody(chunks)
-            with s3_errors(f"upload part {n} of {self.key}"):
-                resp = self._p.client.upload_part(
-                    Bucket=self._p.bucket,
-                    Key=self.key,
-                    UploadId=self.upload_id,
-                    PartNumber=n,
-                    Body=body,
-                    ContentLength=body.size,
-                )
-            return {"PartNumber": n, "ETag": resp["ETag"]}
-        finally:
-            chunks.clear()
-            self._slots.release()
-
-    def _raise_failed(self) -> None:
-        for f in self._futures:
-            if f.done() and f.exception() is not None:
-                f.result()
-
-    def close(self) -> FileInfo:
-        if self._info is not None:
-            return self._info
-        self._p.check_open()
-        if self.upload_id is None:
-            data = b"".join(self._chunks)
-            self._chunks, self._buffered = [], 0
-            with s3_errors(f"put {self.key}"):
-                self._p.client.put_object(Bucket=self._p.bucket, Key=self.key, Body=data)
-            self._p.note_written(self.key)
-        else:
-            if self._buffered:
-                self._submit(self._take(self._buffered))
-            parts = [f.result() for f in self._futures]
-            with s3_errors(f"complete {self.key}"):
-                self._p.client.complete_multipart_upload(
-                    Bucket=self._p.bucket,
-                    Key=self.key,
-                    UploadId=self.upload_id,
-                    MultipartUpload={"Parts": parts},
-                )
-            self._p.note_written(self.key, completed_upload=self.upload_id)
-        self._futures = []
-        self._info = FileInfo(name=self.name, size=self._hc.size, sha256=self._hc.hexdigest())
-        return self._info
-
-    def _drain(self, timeout: float) -> None:
-        for f in self._futures:
-            f.cancel()
-        wait_futures(self._futures, timeout=timeout)
-        self._chunks, self._buffered = [], 0
 
 
 class S3PendingUpload:

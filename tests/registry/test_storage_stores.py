@@ -277,7 +277,7 @@ def test_file_source_listing_skips_links_and_dirs(local_store: LocalArtifactStor
 
 
 def test_part_body_reads_and_seeks_across_chunks() -> None:
-    from registry.storage.s3 import _PartBody
+    from registry.storage.s3_multipart import _PartBody
 
     data = os.urandom(10_000)
     chunks: list[bytes | memoryview] = [data[:3000], memoryview(data)[3000:3001], data[3001:]]

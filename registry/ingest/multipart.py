@@ -1,0 +1,194 @@
+"""``ingest_multipart``: stream a multipart/form-data upload into a pending version."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import ClientDisconnect, Request
+
+from kit.errors import InvalidRequest, LoraplaneError
+from registry.ingest.common import (
+    BATCH_BYTES,
+    MULTIPART_SLACK,
+    IngestResult,
+    Inspector,
+    Pipe,
+    abort_pending,
+    too_large,
+    write_chunks,
+)
+from registry.storage.base import ArtifactStore, FileWriter, PendingUpload
+from registry.validation import (
+    BaseModelSpec,
+    check_filename,
+)
+
+
+@dataclass
+class _Part:
+    headers: dict[str, str] = field(default_factory=dict)
+    hname: bytearray = field(default_factory=bytearray)
+    value: bytearray = field(default_factory=bytearray)
+    name: str | None = None  # accepted file name, None when the part is refused
+    writer: FileWriter | None = None
+    batch: list[bytes] = field(default_factory=list)
+    batch_len: int = 0
+
+
+class _MultipartIngest:
+    def __init__(self, pending: PendingUpload, max_bytes: int) -> None:
+        self.pending = pending
+        self.insp = Inspector(max_bytes)
+        self.pipe = Pipe()
+        self.events: list[tuple[str, Any]] = []
+        self.part: _Part | None = None
+        self.seen: set[str] = set()
+        self.ended = False
+        self.parts = 0
+
+    def callbacks(self) -> dict[str, Any]:
+        ev = self.events
+
+        def data(kind: str) -> Callable[[bytes, int, int], None]:
+            # the whole chunk is passed on as is (no copy); only edges are sliced
+            return lambda d, s, e: ev.append((kind, d if s == 0 and e == len(d) else d[s:e]))
+
+        return {
+            "on_part_begin": lambda: ev.append(("begin", None)),
+            "on_header_field": data("hfield"),
+            "on_header_value": data("hvalue"),
+            "on_header_end": lambda: ev.append(("hend", None)),
+            "on_headers_finished": lambda: ev.append(("headers", None)),
+            "on_part_data": data("data"),
+            "on_part_end": lambda: ev.append(("end", None)),
+            "on_end": lambda: ev.append(("done", None)),
+        }
+
+    async def process(self) -> None:
+        events, self.events[:] = list(self.events), []
+        for kind, val in events:
+            if kind == "data":
+                await self._data(val)
+            elif kind == "begin":
+                self.part = _Part()
+                self.parts += 1
+            elif kind == "hfield" and self.part is not None:
+                self.part.hname += val
+            elif kind == "hvalue" and self.part is not None:
+                self.part.value += val
+            elif kind == "hend" and self.part is not None:
+                key = self.part.hname.decode("latin-1").strip().lower()
+                self.part.headers[key] = self.part.value.decode("latin-1").strip()
+                self.part.hname, self.part.value = bytearray(), bytearray()
+            elif kind == "headers":
+                await self._open_part()
+            elif kind == "end":
+                await self._close_part()
+            elif kind == "done":
+                self.ended = True
+
+    async def _open_part(self) -> None:
+        part = self.part
+        assert part is not None
+        disp, opts = parse_options_header(part.headers.get("content-disposition", ""))
+        field_name = opts.get(b"name", b"").decode("latin-1")
+        filename = opts.get(b"filename")
+        p = self.insp.problems
+        if disp != b"form-data":
+            p.append(f"multipart part {self.parts} has no 'Content-Disposition: form-data' header")
+            return
+        if field_name != "files":
+            p.append(f"multipart part named {field_name!r}: every part must be named 'files'")
+            return
+        if filename is None:
+            p.append(f"multipart part {self.parts} has no filename")
+            return
+        name = filename.decode("utf-8", "replace")
+        problem = check_filename(name)
+        if problem:
+            p.append(problem)
+            return
+        if name in self.seen:
+            p.append(f"file {name!r} sent twice (duplicate part)")
+            return
+        self.seen.add(name)
+        part.name = name
+        part.writer = self.pending.writer(name)
+        self.insp.start_file(name)
+
+    async def _data(self, chunk: bytes) -> None:
+        self.insp.count(len(chunk))
+        part = self.part
+        if part is None or part.writer is None or part.name is None:
+            return  # refused part: counted, not stored
+        self.insp.inspect(part.name, chunk)
+        part.batch.append(chunk)
+        part.batch_len += len(chunk)
+        if part.batch_len >= BATCH_BYTES:
+            await self._flush(part)
+
+    async def _flush(self, part: _Part) -> None:
+        if not part.batch or part.writer is None:
+            return
+        chunks, part.batch, part.batch_len = part.batch, [], 0
+        await self.pipe.run(write_chunks, part.writer, chunks)
+
+    async def _close_part(self) -> None:
+        part, self.part = self.part, None
+        if part is None or part.writer is None:
+            return
+        await self._flush(part)
+        self.insp.files.append(await self.pipe.call(part.writer.close))
+
+
+async def ingest_multipart(
+    request: Request, *, store: ArtifactStore, adapter_id: str, base: BaseModelSpec, max_bytes: int
+) -> IngestResult:
+    """Stream a multipart upload into a new pending version and validate it (see module doc)."""
+    ctype, opts = parse_options_header(request.headers.get("content-type"))
+    if ctype != b"multipart/form-data":
+        raise InvalidRequest(
+            "upload must be multipart/form-data with one part named 'files' per file "
+            '(or JSON {"source_uri": "s3://bucket/prefix/"})'
+        )
+    boundary = opts.get(b"boundary")
+    if not boundary or len(boundary) > 200:
+        raise InvalidRequest("multipart/form-data without a valid boundary")
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_bytes + MULTIPART_SLACK:
+        raise too_large(max_bytes)
+
+    pending = await asyncio.to_thread(store.begin, adapter_id)
+    ing = _MultipartIngest(pending, max_bytes)
+    try:
+        parser = MultipartParser(boundary, ing.callbacks())  # type: ignore[arg-type]
+        async for chunk in request.stream():
+            if not chunk:
+                continue
+            try:
+                parser.write(chunk)
+            except MultipartParseError as e:
+                raise InvalidRequest(f"malformed multipart body: {e}") from None
+            await ing.process()
+        if not ing.ended:
+            raise InvalidRequest("multipart body ended before its closing boundary")
+        await ing.pipe.wait()
+        checked = ing.insp.validate(base)
+        return IngestResult(
+            pending=pending,
+            files=list(ing.insp.files),
+            rank=checked.rank,
+            lora_alpha=checked.lora_alpha,
+            target_modules=checked.target_modules,
+        )
+    except ClientDisconnect:
+        await abort_pending(pending, ing.pipe)
+        raise LoraplaneError("client disconnected during upload", code="client_disconnected") from None
+    except BaseException:
+        await abort_pending(pending, ing.pipe)
+        raise
