@@ -22,11 +22,11 @@ from tests.cli.cli_helpers import run_cli
 
 TOKEN = "cli-e2e-admin-token"
 
-# one admin server per module: keep these tests on one xdist worker (--dist loadgroup)
+# one admin server per session: keep these tests on one xdist worker (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("cli-e2e")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from registry.api import create_admin_app
     from registry.settings import RegistrySettings
@@ -70,7 +70,7 @@ def cli_json(admin_url: str, *args: str) -> Any:
     return json.loads(res.stdout)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base_model(admin_url: str) -> str:
     bm = demo_base_model()
     modules, shapes = ",".join(bm["target_modules"]), json.dumps(bm["module_shapes"])
