@@ -31,14 +31,28 @@ BASE = "demo-base"
 
 def version(adapter: str, n: int, status: str) -> VersionInfo:
     return VersionInfo(
-        adapter_id=adapter, version=f"v{n}", number=n, status=status, rank=8, lora_alpha=16.0,
-        target_modules=("q_proj",), files=(FileInfo("adapter_model.safetensors", 10, f"{adapter}{n:02d}" * 8),),
-        storage_uri="file:///nowhere/", base_model=BASE,
-    )  # fmt: skip
+        adapter_id=adapter,
+        version=f"v{n}",
+        number=n,
+        status=status,
+        rank=8,
+        lora_alpha=16.0,
+        target_modules=("q_proj",),
+        files=(FileInfo("adapter_model.safetensors", 10, f"{adapter}{n:02d}" * 8),),
+        storage_uri="file:///nowhere/",
+        base_model=BASE,
+    )
 
 
-def adapter(aid: str, versions: dict[str, str], *, active: str | None, canary: str | None = None,
-            weight: int | None = None, status: str = "active") -> AdapterInfo:  # fmt: skip
+def adapter(
+    aid: str,
+    versions: dict[str, str],
+    *,
+    active: str | None,
+    canary: str | None = None,
+    weight: int | None = None,
+    status: str = "active",
+) -> AdapterInfo:
     vs = {v: version(aid, int(v[1:]), st) for v, st in versions.items()}
     return AdapterInfo(aid, BASE, status, active, canary, weight, vs)
 
@@ -110,15 +124,33 @@ class FakeRouter:
             raise self.fail
         replica = "http://127.0.0.1:1"
         if self.status >= 400:
-            return ForwardResult(self.status, {"content-type": "application/json"}, replica, False,
-                                 body=self.error_body or b'{"error":{"message":"bad","type":"BadRequestError"}}')  # fmt: skip
+            return ForwardResult(
+                self.status,
+                {"content-type": "application/json"},
+                replica,
+                False,
+                body=self.error_body or b'{"error":{"message":"bad","type":"BadRequestError"}}',
+            )
         obj = "chat.completion" if req.endpoint == "chat/completions" else "text_completion"
         usage = Usage(prompt_tokens=7, completion_tokens=5, total_tokens=12)
         if not req.stream:
-            body = orjson.dumps({"id": "x-1", "object": obj, "model": req.client_model, "created": 1,
-                                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
-                                              "text": "hi", "finish_reason": "stop"}],
-                                 "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}})  # fmt: skip
+            body = orjson.dumps(
+                {
+                    "id": "x-1",
+                    "object": obj,
+                    "model": req.client_model,
+                    "created": 1,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "hi"},
+                            "text": "hi",
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12},
+                }
+            )
             return ForwardResult(
                 200, {"content-type": "application/json"}, replica, False, body=body, usage=usage
             )
@@ -131,12 +163,20 @@ class FakeRouter:
             for i in range(self.n_chunks):
                 if self.chunk_delay:
                     await asyncio.sleep(self.chunk_delay)
-                chunk: dict[str, Any] = {"id": "c", "object": "chat.completion.chunk", "model": req.client_model,
-                                         "choices": [{"index": 0, "delta": {"content": f"t{i}"}, "text": f"t{i}"}]}  # fmt: skip
+                chunk: dict[str, Any] = {
+                    "id": "c",
+                    "object": "chat.completion.chunk",
+                    "model": req.client_model,
+                    "choices": [{"index": 0, "delta": {"content": f"t{i}"}, "text": f"t{i}"}],
+                }
                 yield b"data: " + orjson.dumps(chunk) + b"\n\n"
             if req.client_wants_usage:
-                u = {"id": "c", "model": req.client_model, "choices": [], "usage": {"prompt_tokens": 7,
-                     "completion_tokens": 5, "total_tokens": 12}}  # fmt: skip
+                u = {
+                    "id": "c",
+                    "model": req.client_model,
+                    "choices": [],
+                    "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12},
+                }
                 yield b"data: " + orjson.dumps(u) + b"\n\n"
             yield b"data: [DONE]\n\n"
             result.usage = usage

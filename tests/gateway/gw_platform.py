@@ -108,13 +108,15 @@ def run_platform(s3: ls.S3Server, redis_url: str, *, gateways: int = 2) -> Itera
                             "max_loras": 4,
                             "max_adapters": 8,
                         }
-                    ]  # fmt: skip
+                    ]
                 ),
                 "LORAPLANE_POLL_INTERVAL_S": "0.25",
                 "LORAPLANE_LOG_LEVEL": "WARNING",
                 "LORAPLANE_ADMIN_PORT": str(admin_port),
             }
-            roles = [("registry", {})] + [("gateway", {"LORAPLANE_GATEWAY_PORT": str(p)}) for p in gw_ports]
+            roles: list[tuple[str, dict[str, str]]] = [("registry", {})] + [
+                ("gateway", {"LORAPLANE_GATEWAY_PORT": str(p)}) for p in gw_ports
+            ]
             for i, (role, extra) in enumerate(roles):
                 log = workdir / f"{role}-{i}.log"
                 logs.append(log)
@@ -126,14 +128,19 @@ def run_platform(s3: ls.S3Server, redis_url: str, *, gateways: int = 2) -> Itera
                             stdout=f,
                             stderr=subprocess.STDOUT,
                             start_new_session=True,
-                        )  # fmt: skip
+                        )
                     )
             admin_url = f"http://127.0.0.1:{admin_port}"
             _wait(f"{admin_url}/admin/v1/healthz", 90, procs, logs)
             admin = AdminClient(admin_url, ADMIN_TOKEN)
             spec = demo_base_model()
-            admin.create_base_model(spec["name"], spec["hf_id"], spec["max_lora_rank"], spec["target_modules"],
-                                    spec["module_shapes"])  # fmt: skip
+            admin.create_base_model(
+                spec["name"],
+                spec["hf_id"],
+                spec["max_lora_rank"],
+                spec["target_modules"],
+                spec["module_shapes"],
+            )
             gw_urls = [f"http://127.0.0.1:{p}" for p in gw_ports]
             for u in gw_urls:
                 _wait(f"{u}/readyz", 90, procs, logs)

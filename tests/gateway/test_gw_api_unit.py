@@ -32,8 +32,10 @@ class Env:
         self.limiter = MemoryLimiter()
         self.gw = Gateway(
             GatewaySettings(admin_token=SecretStr(ADMIN), **settings),
-            router=self.router, table=self.table, limiter=self.limiter,
-        )  # fmt: skip
+            router=self.router,
+            table=self.table,
+            limiter=self.limiter,
+        )
         self.app = create_gateway_app(self.gw)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://gw")
 
@@ -127,8 +129,12 @@ async def test_completions_requires_prompt(env: Env) -> None:
 
 async def test_auth_missing_wrong_and_admin_token(env: Env) -> None:
     body = {"model": "demo-base", "messages": [{"role": "user", "content": "x"}]}
-    for headers in [{}, {"authorization": "Bearer lp-nope"}, {"authorization": f"Bearer {ADMIN}"},
-                    {"authorization": "Basic abc"}]:  # fmt: skip
+    for headers in [
+        {},
+        {"authorization": "Bearer lp-nope"},
+        {"authorization": f"Bearer {ADMIN}"},
+        {"authorization": "Basic abc"},
+    ]:
         r = await env.client.post("/v1/chat/completions", json=body, headers=headers)
         assert r.status_code == 401
         e = err(r)
@@ -196,8 +202,11 @@ async def test_models_list_only_usable(env: Env) -> None:
 
 
 async def test_router_errors_map_to_codes_with_retry_after(env: Env) -> None:
-    cases = [(NoCapacity("full"), 503, "no_capacity"), (AdapterLoadFailed("bad"), 503, "adapter_load_failed"),
-             (UpstreamTimeout("slow"), 504, "upstream_timeout")]  # fmt: skip
+    cases = [
+        (NoCapacity("full"), 503, "no_capacity"),
+        (AdapterLoadFailed("bad"), 503, "adapter_load_failed"),
+        (UpstreamTimeout("slow"), 504, "upstream_timeout"),
+    ]
     for exc, status, code in cases:
         env.router.fail = exc
         r = await env.chat("demo-base:alpha")
@@ -226,9 +235,11 @@ async def test_upstream_400_passed_in_our_shape(env: Env) -> None:
 
 async def test_streaming_passes_chunks_and_usage_only_when_asked(env: Env) -> None:
     async with env.client.stream(
-        "POST", "/v1/chat/completions", headers=env.h(),
+        "POST",
+        "/v1/chat/completions",
+        headers=env.h(),
         json={"model": "demo-base:alpha", "messages": [{"role": "user", "content": "x"}], "stream": True},
-    ) as r:  # fmt: skip
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         text = (await r.aread()).decode()
     events = [line[6:] for line in text.split("\n") if line.startswith("data: ")]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from gateway.ratelimit import (
+    AdmissionPlan,
     LimiterUnavailable,
     MemoryLimiter,
     RedisLimiter,
@@ -32,8 +34,8 @@ async def limiters(request: pytest.FixtureRequest, redis_url: str, redis_prefix:
     await b.close()
 
 
-def plan(**kw):
-    base = dict(tenant_id="t1", rpm=None, tpm=None, max_concurrency=None, estimated_tokens=10)
+def plan(**kw: Any) -> AdmissionPlan:
+    base: dict[str, Any] = dict(tenant_id="t1", rpm=None, tpm=None, max_concurrency=None, estimated_tokens=10)
     base.update(kw)
     return make_plan(**base)
 

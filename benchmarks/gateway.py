@@ -1,0 +1,452 @@
+"""Gateway overhead benchmark: the same load straight to a replica, through ONE loraplane gateway
+process, and through ONE LiteLLM proxy worker.
+
+Set-up: one simulator replica in zero-latency mode; the registry (`loraplane serve --role
+registry`, SQLite) and the gateway (`loraplane serve --role gateway`: auth, model resolution,
+rate limits — Redis by default, ``--limiter memory`` for the in-memory one — routing, usage
+settlement, metrics, one JSON log line per request) as separate processes; a tenant with
+generous rpm/tpm; ``--adapters`` adapters made resident before measuring. LiteLLM
+(``litellm[proxy]==1.108.*``, installed by this script into its own virtualenv, one worker,
+``LITELLM_LOCAL_MODEL_COST_MAP=True``) routes the same model names to the same replica
+(``openai/<lora_name>``), with a virtual key and an rpm limit from its ``custom_auth`` hook.
+
+Load: an aiohttp client, closed loop, ``--concurrency`` connections for ``--duration`` seconds,
+chat completions round-robin over the adapters, non-streaming and streaming. Reported per
+target: req/s, p50/p99 latency, the p50/p99 added over direct, and time to first streamed
+byte (and its p50 added over direct). Writes ``benchmarks/results/gateway.json``.
+
+    .venv/bin/python benchmarks/gateway.py [--concurrency 1,32,128] [--duration 5] [--skip-litellm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kit import localservices as ls  # noqa: E402
+from registry.adapter_factory import write_adapter  # noqa: E402
+from registry.admin_client import AdminClient  # noqa: E402
+from registry.demo import demo_base_model  # noqa: E402
+
+TOKEN = "bench-admin-token-0123456789"
+LITELLM_SPEC = "litellm[proxy]==1.108.*"
+BENCH_DIR = Path(os.environ.get("LORAPLANE_BENCH_DIR", Path.home() / ".cache" / "loraplane" / "bench"))
+MSG = [{"role": "user", "content": "Write one short sentence about the sea."}]
+
+CUSTOM_AUTH = """
+from fastapi import Request
+from litellm.proxy._types import UserAPIKeyAuth
+
+KEYS = {"sk-bench-tenant": "bench"}
+
+async def user_api_key_auth(request: Request, api_key: str) -> UserAPIKeyAuth:
+    key = api_key.removeprefix("Bearer ").strip()
+    if key not in KEYS:
+        raise Exception("invalid key")
+    return UserAPIKeyAuth(api_key=key, user_id=KEYS[key], rpm_limit=10_000_000, tpm_limit=10_000_000_000)
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def wait_http(
+    url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None, ok: tuple[int, ...] = (200,)
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code in ok:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {timeout}s")
+
+
+def start(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    with open(log_path, "wb") as f:
+        return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
+def ensure_litellm() -> Path | None:
+    venv = BENCH_DIR / "litellm-venv"
+    exe = venv / "bin" / "litellm"
+    marker = venv / ".loraplane-spec"
+    if exe.exists() and marker.exists() and marker.read_text() == LITELLM_SPEC:
+        return exe
+    log(f"installing {LITELLM_SPEC} into {venv} (once; about a minute) …")
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if not (venv / "bin" / "pip").exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", LITELLM_SPEC], check=True, timeout=900)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        log(f"LiteLLM could not be installed: {e}")
+        return None
+    marker.write_text(LITELLM_SPEC)
+    return exe
+
+
+# ---------------------------------------------------------------------------------- load
+
+
+async def run_load(
+    url: str,
+    key: str,
+    models: list[str],
+    *,
+    concurrency: int,
+    duration: float,
+    stream: bool,
+    warmup: float = 1.0,
+) -> dict[str, Any]:
+    lat: list[float] = []
+    ttfb: list[float] = []
+    errors = 0
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    bodies = [
+        json.dumps({"model": m, "messages": MSG, "max_tokens": 16, "stream": stream}).encode() for m in models
+    ]
+    conn = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=60)
+    t_start = time.perf_counter()
+    t_measure = t_start + warmup
+    t_end = t_measure + duration
+    counter = 0
+
+    async def worker(session: aiohttp.ClientSession, wid: int) -> None:
+        nonlocal errors, counter
+        i = wid
+        while True:
+            now = time.perf_counter()
+            if now >= t_end:
+                return
+            body = bodies[i % len(bodies)]
+            i += 1
+            t0 = time.perf_counter()
+            try:
+                async with session.post(url, data=body, headers=headers) as r:
+                    first = None
+                    if stream:
+                        async for _chunk in r.content.iter_any():
+                            if first is None:
+                                first = time.perf_counter()
+                    else:
+                        await r.read()
+                    ok = r.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                ok = False
+            t1 = time.perf_counter()
+            if t0 >= t_measure and t1 <= t_end:
+                if ok:
+                    lat.append(t1 - t0)
+                    if first is not None:
+                        ttfb.append(first - t0)
+                    counter += 1
+                else:
+                    errors += 1
+
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+        await asyncio.gather(*[worker(session, w) for w in range(concurrency)])
+    lat.sort()
+    ttfb.sort()
+
+    def pct(xs: list[float], p: float) -> float | None:
+        return round(xs[min(len(xs) - 1, int(p * len(xs)))] * 1000, 3) if xs else None
+
+    return {
+        "requests": counter,
+        "errors": errors,
+        "rps": round(counter / duration, 1),
+        "p50_ms": pct(lat, 0.50),
+        "p99_ms": pct(lat, 0.99),
+        "ttfb_p50_ms": pct(ttfb, 0.50) if stream else None,
+        "ttfb_p99_ms": pct(ttfb, 0.99) if stream else None,
+    }
+
+
+# ---------------------------------------------------------------------------------- set-up
+
+
+def setup_platform(
+    work: Path, sim_url: str, adapters: int, limiter: str
+) -> tuple[list[subprocess.Popen[bytes]], str, str, list[str]]:
+    from registry import migrate
+
+    db = f"sqlite:///{work / 'bench.db'}"
+    migrate.upgrade(db)
+    admin_port, gw_port = ls.free_port(), ls.free_port()
+    env = {
+        **os.environ,
+        "LORAPLANE_DATABASE_URL": db,
+        "LORAPLANE_ADMIN_TOKEN": TOKEN,
+        "LORAPLANE_DATA_DIR": str(work / "data"),
+        "LORAPLANE_ADMIN_PORT": str(admin_port),
+        "LORAPLANE_GATEWAY_PORT": str(gw_port),
+        "LORAPLANE_POOLS": json.dumps(
+            [
+                {
+                    "name": "bench",
+                    "base_model": "demo-base",
+                    "urls": [sim_url],
+                    "max_loras": 8,
+                    "max_adapters": 16,
+                }
+            ]
+        ),
+        "LORAPLANE_LOG_LEVEL": os.environ.get("BENCH_GATEWAY_LOG_LEVEL", "INFO"),
+    }
+    env.pop("LORAPLANE_REDIS_URL", None)
+    if limiter == "redis":
+        env["LORAPLANE_REDIS_URL"] = ls.redis_server_url()
+        env["LORAPLANE_REDIS_PREFIX"] = ls.unique_redis_prefix("bench")
+    cli = [sys.executable, "-m", "loraplane.cli", "serve", "--role"]
+    reg = start([*cli, "registry"], env, work / "registry.log")
+    # the gateway's log lines go to a file (one JSON line per request, as in production)
+    gw = start([*cli, "gateway"], env, work / "gateway.log")
+    admin_url, gw_url = f"http://127.0.0.1:{admin_port}", f"http://127.0.0.1:{gw_port}"
+    wait_http(f"{admin_url}/admin/v1/healthz", 120, reg)
+    with AdminClient(admin_url, TOKEN) as a:
+        spec = demo_base_model()
+        a.create_base_model(
+            spec["name"], spec["hf_id"], spec["max_lora_rank"], spec["target_modules"], spec["module_shapes"]
+        )
+        names = []
+        for i in range(adapters):
+            aid = f"bench-{i}"
+            a.create_adapter(aid, "demo-base")
+            d = work / "src" / aid
+            write_adapter(d, seed=100 + i, rank=8, target_modules=("q_proj", "v_proj"))
+            v = a.upload_version(aid, d)
+            a.promote(aid, v["version"])
+            names.append(f"demo-base:{aid}")
+        a.create_tenant(
+            "bench", limits={"rpm": 100_000_000, "tpm": 10_000_000_000, "max_concurrency": 100_000}
+        )
+        for i in range(adapters):
+            a.put_grant("bench", f"bench-{i}")
+        key = a.issue_key("bench")["key"]
+    wait_http(f"{gw_url}/readyz", 120, gw)
+    # make every adapter resident (and the gateway's routing table current)
+    for m in names:
+        for _ in range(100):
+            r = httpx.post(
+                f"{gw_url}/v1/chat/completions",
+                headers={"authorization": f"Bearer {key}"},
+                json={"model": m, "messages": MSG, "max_tokens": 2},
+                timeout=60,
+            )
+            if r.status_code == 200:
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"warm-up of {m} failed: {r.status_code} {r.text}")
+    return [gw, reg], gw_url, key, names
+
+
+def lora_names(sim_url: str) -> dict[str, str]:
+    """client model string → lora_name resident on the replica."""
+    out = {}
+    for card in httpx.get(f"{sim_url}/v1/models").json()["data"]:
+        mid = card["id"]
+        if "@" in mid:
+            out["demo-base:" + mid.split("@", 1)[0]] = mid
+    return out
+
+
+def start_litellm(
+    exe: Path, work: Path, sim_url: str, mapping: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str]:
+    cfg_dir = work / "litellm"
+    cfg_dir.mkdir()
+    (cfg_dir / "custom_auth.py").write_text(CUSTOM_AUTH)
+    lines = ["model_list:"]
+    for client_model, lora in mapping.items():
+        lines += [
+            f'  - model_name: "{client_model}"',
+            "    litellm_params:",
+            f'      model: "openai/{lora}"',
+            f'      api_base: "{sim_url}/v1"',
+            '      api_key: "none"',
+        ]
+    lines += [
+        "general_settings:",
+        "  custom_auth: custom_auth.user_api_key_auth",
+        "litellm_settings:",
+        "  drop_params: true",
+        "  telemetry: false",
+    ]
+    (cfg_dir / "config.yaml").write_text("\n".join(lines) + "\n")
+    port = ls.free_port()
+    env = {
+        **os.environ,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_TELEMETRY": "False",
+        "PYTHONPATH": str(cfg_dir),
+    }
+    proc = start(
+        [
+            str(exe),
+            "--config",
+            str(cfg_dir / "config.yaml"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num_workers",
+            "1",
+        ],
+        env | {"PWD": str(cfg_dir)},
+        work / "litellm.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/health/liveliness", 180, proc)
+    return proc, url
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def fmt(v: Any) -> str:
+    return "-" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
+
+
+async def measure(
+    targets: dict[str, tuple[str, str, list[str]]], concs: list[int], duration: float
+) -> list[dict[str, Any]]:
+    rows = []
+    for stream in (False, True):
+        for c in concs:
+            base: dict[str, Any] | None = None
+            for name, (url, key, models) in targets.items():
+                res = await run_load(url, key, models, concurrency=c, duration=duration, stream=stream)
+                row = {"target": name, "stream": stream, "concurrency": c, **res}
+                if name == "direct":
+                    base = res
+                elif base and res["p50_ms"] is not None and base["p50_ms"] is not None:
+                    row["added_p50_ms"] = round(res["p50_ms"] - base["p50_ms"], 3)
+                    row["added_p99_ms"] = round(res["p99_ms"] - base["p99_ms"], 3)
+                    if stream and res["ttfb_p50_ms"] is not None and base["ttfb_p50_ms"] is not None:
+                        row["added_ttfb_p50_ms"] = round(res["ttfb_p50_ms"] - base["ttfb_p50_ms"], 3)
+                log(
+                    f"{'stream' if stream else 'plain '} c={c:<4} {name:<8} {res['rps']:>8} req/s"
+                    f"  p50 {fmt(res['p50_ms'])} ms  p99 {fmt(res['p99_ms'])} ms"
+                    f"  ttfb {fmt(res['ttfb_p50_ms'])} ms  errors {res['errors']}"
+                )
+                rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--concurrency", default="1,32,128")
+    ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--adapters", type=int, default=3)
+    ap.add_argument("--limiter", choices=["redis", "memory"], default="redis")
+    ap.add_argument("--skip-litellm", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gateway.json"))
+    args = ap.parse_args()
+    concs = [int(x) for x in args.concurrency.split(",")]
+    from simulator.procs import start_simulators, stop_all
+
+    exe = None if args.skip_litellm else ensure_litellm()
+    work = Path(tempfile.mkdtemp(prefix="lp-bench-gw-"))
+    sims = start_simulators(1, extra_args=["--zero-latency", "--max-loras", "8", "--max-num-seqs", "1024"])
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        sim_url = sims[0].url
+        log(f"simulator {sim_url}; starting registry + gateway (limiter: {args.limiter}) …")
+        ps, gw_url, key, models = setup_platform(work, sim_url, args.adapters, args.limiter)
+        procs += ps
+        mapping = lora_names(sim_url)
+        targets: dict[str, tuple[str, str, list[str]]] = {
+            "direct": (f"{sim_url}/v1/chat/completions", "none", [mapping[m] for m in models]),
+            "gateway": (f"{gw_url}/v1/chat/completions", key, models),
+        }
+        if exe is not None:
+            log("starting LiteLLM (one worker) …")
+            lproc, lurl = start_litellm(exe, work, sim_url, {m: mapping[m] for m in models})
+            procs.append(lproc)
+            targets["litellm"] = (f"{lurl}/v1/chat/completions", "sk-bench-tenant", models)
+        rows = asyncio.run(measure(targets, concs, args.duration))
+    finally:
+        for p in procs:
+            stop(p)
+        stop_all(sims)
+    summary: dict[str, Any] = {}
+    by = {(r["target"], r["stream"], r["concurrency"]): r for r in rows}
+    for c in concs:
+        g, lt = by.get(("gateway", False, c)), by.get(("litellm", False, c))
+        if g and lt and lt["rps"]:
+            summary[f"c{c}"] = {
+                "throughput_ratio_gateway_over_litellm": round(g["rps"] / lt["rps"], 2),
+                "added_p50_ms_gateway": g.get("added_p50_ms"),
+                "added_p50_ms_litellm": lt.get("added_p50_ms"),
+            }
+        gs = by.get(("gateway", True, c))
+        if gs:
+            summary.setdefault(f"c{c}", {})["added_ttfb_p50_ms_gateway"] = gs.get("added_ttfb_p50_ms")
+    out = {
+        "benchmark": "gateway",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg": os.getloadavg()},
+        "settings": {
+            "duration_s": args.duration,
+            "adapters": args.adapters,
+            "limiter": args.limiter,
+            "litellm": LITELLM_SPEC if exe else None,
+            "max_tokens": 16,
+        },
+        "rows": rows,
+        "summary": summary,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print()
+    print(
+        f"{'mode':<7}{'conc':>5}  {'target':<8}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'+p99':>8}"
+        f"{'ttfb':>8}{'+ttfb':>8}"
+    )
+    for r in rows:
+        print(
+            f"{'stream' if r['stream'] else 'plain':<7}{r['concurrency']:>5}  {r['target']:<8}{r['rps']:>9}"
+            f"{fmt(r['p50_ms']):>9}{fmt(r['p99_ms']):>9}{fmt(r.get('added_p50_ms')):>8}{fmt(r.get('added_p99_ms')):>8}"
+            f"{fmt(r['ttfb_p50_ms']):>8}{fmt(r.get('added_ttfb_p50_ms')):>8}"
+        )
+    print(f"\nsummary: {json.dumps(summary)}\nwrote {args.out}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
