@@ -383,3 +383,35 @@ def test_dockerfile() -> None:
     for src in sources:
         assert (ROOT / src).exists(), f"COPY of missing {src}"
         assert f"!{src}" in ignore or f"!{src}/**" in ignore, f"{src} is excluded from the build context"
+
+
+def test_container_healthcheck_script(tmp_path: Path) -> None:
+    import http.server
+    import sys
+    import threading
+
+    from kit.localservices import free_port
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/healthz" else 503)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    script = str(DEPLOY / "healthcheck.py")
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for path, rc in (("/healthz", 0), ("/down", 1)):
+            env = {**os.environ, "HEALTHCHECK_URL": base + path}
+            assert subprocess.run([sys.executable, script], env=env, timeout=30).returncode == rc
+    finally:
+        server.shutdown()
+        server.server_close()
+    env = {**os.environ, "HEALTHCHECK_URL": f"http://127.0.0.1:{free_port()}/healthz"}
+    res = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1 and "unhealthy" in res.stderr
