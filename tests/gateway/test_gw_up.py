@@ -45,11 +45,11 @@ class Up:
         env = {**os.environ, "LORAPLANE_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
         env.pop("LORAPLANE_ADMIN_TOKEN", None)
         self.err = open(data_dir.parent / f"up-{port}.log", "wb")  # noqa: SIM115
+        argv = [sys.executable, "-m", "loraplane.cli", "up", "--demo", "--data-dir", str(data_dir)]
+        argv += ["--replicas", "2", "--port", str(port), "--admin-port", str(admin_port)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "loraplane.cli", "up", "--demo", "--data-dir", str(data_dir), "--replicas", "2",
-             "--port", str(port), "--admin-port", str(admin_port)],
-            stdout=subprocess.PIPE, stderr=self.err, env=env, start_new_session=True,
-        )  # fmt: skip
+            argv, stdout=subprocess.PIPE, stderr=self.err, env=env, start_new_session=True
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         self.out: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
