@@ -37,6 +37,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from benchmarks.traces import TraceRequest, TraceSpec, generate, read_trace
 from router.placement import BASELINES, PlacementRequest, ReplicaView, Resident, make_profile
 from router.placement.types import Profile
