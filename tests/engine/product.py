@@ -72,7 +72,7 @@ def _cli() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "loraplane.cli"]
 
 
-def _wait(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float = 90.0) -> None:
+def _wait(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0) as c:
         while time.monotonic() < deadline:
@@ -141,7 +141,7 @@ def start_platform(
             "LORAPLANE_RETIRED_IDLE_UNLOAD_S": "600",
             "LORAPLANE_LOAD_TIMEOUT_S": "60",
         }
-        up = subprocess.run([*_cli(), "db", "upgrade"], env=env, capture_output=True, text=True, timeout=120)
+        up = subprocess.run([*_cli(), "db", "upgrade"], env=env, capture_output=True, text=True, timeout=600)
         if up.returncode != 0:
             raise RuntimeError(f"loraplane db upgrade failed:\n{up.stdout}\n{up.stderr}")
         log_path = workdir / "serve.log"
