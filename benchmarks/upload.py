@@ -178,9 +178,23 @@ def push(url: str, adapter_id: str, files: list[Path]) -> tuple[float, dict[str,
 
 
 def raw_boto3(s3: S3Server, bucket: str, path: Path, part: int) -> float:
+    import boto3
     from boto3.s3.transfer import TransferConfig
+    from botocore.config import Config
 
-    client = s3.client()
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint_url,
+        aws_access_key_id=s3.access_key,
+        aws_secret_access_key=s3.secret_key,
+        region_name=s3.region,
+        config=Config(
+            s3={"addressing_style": "path"},
+            retries={"max_attempts": 5, "mode": "standard"},
+            read_timeout=600,
+            max_pool_connections=16,
+        ),
+    )
     cfg = TransferConfig(multipart_threshold=part, multipart_chunksize=part)
     key = f"raw/{uuid.uuid4().hex}"
     t0 = time.perf_counter()

@@ -7,6 +7,9 @@
         def open_read(self, storage_uri: str, name: str) -> BinaryIO
             # stream a stored file (the router's stager reads through this)
         def delete_prefix(self, storage_uri: str) -> None
+        # register-by-reference (callers check LORAPLANE_ALLOWED_SOURCES first, see registry.ingest):
+        def list_source(self, source_uri: str) -> list[SourceEntry]   # files directly under the prefix
+        def open_source(self, source_uri: str, name: str) -> BinaryIO
 
     class PendingUpload(Protocol):
         storage_uri: str
