@@ -438,7 +438,7 @@ async def test_cancelled_ingest_aborts(local_h: Harness, tmp_path: Path) -> None
         await ingest_multipart(req, store=store, adapter_id="ad-1", base=base_spec(), max_bytes=64 * MB)
 
     task = asyncio.create_task(handler())
-    await asyncio.wait_for(gate.wait(), 10)
+    await asyncio.wait_for(gate.wait(), 60)
     assert isinstance(store, LocalArtifactStore)
     assert any(store.pending_dir.iterdir())  # something was being written
     task.cancel()
