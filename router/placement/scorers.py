@@ -79,40 +79,45 @@ class ResidencyAffinityScorer(Scorer):
         if not targets:
             return out
         present = PRESENT
-        holders = [i for i, t in targets.items() if t.state in present]
-        if not holders:
-            return out
-        replicas, sums = ctx.replicas, ctx.sums
+        sums = ctx.sums
         hw, ah = self.high_water, self.adapter_high
-        # saturated_for(), inlined: this loop runs over every copy of a hot adapter.
-        sat = {
-            i: (s := sums[i]).load >= hw or ((f / s.cap >= ah) if (f := targets[i].inflight) else s.full)  # type: ignore[union-attr]
-            for i in holders
-        }
-        if all(sat.values()):
-            held = set(holders)
+        # One pass over the copies (a hot adapter can have many): saturation (saturated_for(),
+        # inlined) and total demand.
+        free: list[int] = []
+        saturated: list[int] = []
+        demand = 0
+        for i, t in targets.items():
+            if t.state not in present:
+                continue
+            s = sums[i]
+            f = t.inflight
+            demand += f
+            if s.load >= hw or ((f / s.cap >= ah) if f else s.full):
+                saturated.append(i)
+            else:
+                free.append(i)
+        if not free:
+            if not saturated:
+                return out
+            held = targets.keys()
             if any(not (s.load >= hw or s.full) for i, s in enumerate(sums) if i not in held):
                 return out  # every copy saturated, another replica is not: replicate
-            for i in holders:
+            for i in saturated:
                 out[i] = 1.0
             return out
-        primary = -1
-        if len(holders) > 1:
-            demand = 0
-            for i in holders:
-                demand += targets[i].inflight
-            if _frac(demand, replicas[holders[0]].max_num_seqs) < self.low_water:
-                primary = max(
-                    holders,
-                    key=lambda i: (targets[i].inflight, targets[i].last_used, -i),
-                )
-        for i in holders:
-            if sat[i]:
-                out[i] = 0.3
-            elif primary >= 0 and i != primary:
+        for i in saturated:
+            out[i] = 0.3
+        if len(free) + len(saturated) > 1 and demand / sums[free[0]].cap < self.low_water:
+            # Consolidate on the primary copy: most in-flight, then most recently used.
+            primary = max((targets[i].inflight, targets[i].last_used, -i) for i in free + saturated)
+            p = -primary[2]
+            for i in free:
                 out[i] = 0.6
-            else:
-                out[i] = 1.0 if targets[i].state == "resident" else 0.9
+            if p in free:
+                out[p] = 1.0 if targets[p].state == "resident" else 0.9
+            return out
+        for i in free:
+            out[i] = 1.0 if targets[i].state == "resident" else 0.9
         return out
 
 
