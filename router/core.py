@@ -220,14 +220,17 @@ class Router:
                 excluded.add(rep.url)
             except Retryable as exc:
                 last = exc
-                if exc.replica_down:
+                if exc.replica_down:  # connection refused: out of rotation until a poll succeeds
                     store.mark_failure(rep, exc.message, immediate=True)
                 if exc.adapter_missing and version is not None:
                     # The replica lost the adapter (restart): forget it, reload on the retry.
                     rep.residents.pop(version.lora_name, None)
                     await self.loader.forget(rep.url, version.lora_name)
-                else:
-                    excluded.add(rep.url)
+                elif any(
+                    r.healthy and r.url != rep.url and r.url not in excluded
+                    for r in store.for_base(req.base_model)
+                ):
+                    excluded.add(rep.url)  # else: retry the same one (e.g. a stale pooled connection)
             log.info(
                 "retrying on another replica",
                 extra={
@@ -477,7 +480,7 @@ class Router:
                     self._redis, self._prefix, self.replica_records(), self.settings.state_ttl_s
                 )
             except RedisError as exc:
-                log.warning("cannot publish replica state", extra={"error": str(exc)})
+                log.warning("cannot publish replica state: %s", exc, extra={"error": str(exc)})
             await asyncio.sleep(self.settings.publish_interval_s)
 
     async def _prewarm_loop(self) -> None:
@@ -492,5 +495,5 @@ class Router:
                             str(item["adapter_id"]), str(item["version"]), int(item["replicas"])
                         )
             except RedisError as exc:
-                log.warning("cannot read prewarm requests", extra={"error": str(exc)})
+                log.warning("cannot read prewarm requests: %s", exc, extra={"error": str(exc)})
             await asyncio.sleep(0.25)

@@ -117,7 +117,8 @@ async def open_upstream(
     except aiohttp.ClientConnectorError as exc:
         raise Retryable(f"cannot connect to replica: {exc}", replica_down=True) from exc
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-        raise Retryable(f"replica closed the connection: {exc}", replica_down=True) from exc
+        # Often a pooled keep-alive connection the replica had closed: retry, but keep it in rotation.
+        raise Retryable(f"replica closed the connection: {exc}") from exc
     except aiohttp.ClientError as exc:
         raise Retryable(f"replica request failed: {exc}") from exc
     except TimeoutError as exc:
@@ -186,7 +187,7 @@ class StreamRelay:
             except TimeoutError as exc:
                 raise UpstreamTimeout("replica did not start the answer in time") from exc
             except (aiohttp.ClientError, OSError) as exc:
-                raise Retryable(f"replica failed before the first event: {exc}", replica_down=True) from exc
+                raise Retryable(f"replica failed before the first event: {exc}") from exc
             out, wrong = self._events(data)
             if wrong is not None:
                 if not out:
@@ -248,6 +249,6 @@ async def read_body(resp: aiohttp.ClientResponse) -> bytes:
     try:
         return await resp.read()
     except (aiohttp.ClientError, OSError) as exc:
-        raise Retryable(f"replica failed while sending the answer: {exc}", replica_down=True) from exc
+        raise Retryable(f"replica failed while sending the answer: {exc}") from exc
     except TimeoutError as exc:
         raise UpstreamTimeout("replica did not answer in time") from exc

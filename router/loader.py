@@ -326,8 +326,8 @@ class Loader:
         res = await rep.driver.load(rep.url, name, path, self._settings.load_timeout_s)
         if not (res.ok or res.failure == "conflict"):
             failure = res.failure or "other"
-            if failure in ("replica_down", "timeout"):
-                self._store.mark_failure(rep, res.message, immediate=failure == "replica_down")
+            if failure == "replica_down":
+                self._store.mark_failure(rep, res.message, immediate=True)
             await self._failed(rep, version, labels, details, t0, failure, res.message, res.retry_elsewhere)
             raise LoadError(
                 f"load of {version.adapter_id} {version.version} on {rep.url} failed "

@@ -257,7 +257,8 @@ class ReplicaStore:
         if rep.healthy and (immediate or rep.failures >= self._settings.unhealthy_after):
             rep.healthy = False
             log.warning(
-                "replica out of rotation",
+                "replica out of rotation: %s",
+                error,
                 extra={"replica": rep.url, "pool": rep.pool.name, "error": error, "failures": rep.failures},
             )
             self._update_gauge(rep.pool.name)

@@ -13,7 +13,8 @@ substring alone):
 | 401 (wrong api key) | ``rejected`` |
 | 502/503/504 | ``replica_down`` |
 | timeout | ``timeout`` |
-| connection refused / reset | ``replica_down`` |
+| connection refused | ``replica_down`` |
+| connection reset / other client errors | ``other`` (may succeed elsewhere) |
 """
 
 from __future__ import annotations

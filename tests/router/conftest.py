@@ -16,6 +16,7 @@ from registry.audit_sink import MemoryAuditSink
 from registry.storage.local import LocalArtifactStore
 from router.core import Router
 from router.settings import PoolConfig, RouterSettings
+from simulator.procs import stop_all
 from tests.router.routerkit import Sim, http, start_sims, wait_until
 
 N_SIMS = 3
@@ -27,15 +28,14 @@ def router_sims() -> Iterator[list[Sim]]:
     try:
         yield sims
     finally:
-        for s in sims:
-            s.stop()
+        stop_all(list(sims))
 
 
 @pytest.fixture
 def sims(router_sims: list[Sim]) -> Iterator[list[Sim]]:
     """The shared simulators, alive, with no faults and no adapters loaded."""
     for s in router_sims:
-        if s.proc is None or s.proc.poll() is not None:
+        if not s.alive():
             s.start()
         s.faults(reset=True)
         for name in s.loaded():

@@ -11,6 +11,7 @@ from typing import Any
 from registry.adapter_factory import write_adapter
 from registry.snapshot import AdapterInfo, BaseModelInfo, FileInfo, RoutingSnapshot, VersionInfo
 from router.contract import ForwardRequest
+from simulator.procs import SimProcess, stop_all
 
 
 def put_version(
@@ -137,62 +138,22 @@ def http() -> Any:
     return _HTTP
 
 
-class Sim:
-    """A simulated replica process (``python -m simulator``); stop/kill/restart keep the port."""
+class Sim(SimProcess):
+    """A simulated replica process (``simulator.procs``) with helpers for its test endpoints."""
 
-    def __init__(self, port: int, args: list[str]) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self._args = args
-        self.proc: Any = None
+    def __init__(self, args: list[str], port: int | None = None) -> None:
+        super().__init__(
+            model="demo-base",
+            port=port,
+            extra_args=args,
+            env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
+            ready_timeout=180.0,  # the shared test machine can be very busy
+        )
 
     def start(self) -> Sim:
-        import os
-        import subprocess
-        import sys
-
-        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "simulator", "--port", str(self.port), *self._args],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        super().start()
         self.wait_ready()
         return self
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if http().get(f"{self.url}/health", timeout=0.5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"simulator on {self.port} exited with {self.proc.returncode}")
-            time.sleep(0.05)
-        raise RuntimeError(f"simulator on {self.port} not ready")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except Exception:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def restart(self) -> None:
-        self.kill()
-        self.start()
 
     def state(self) -> dict[str, Any]:
         return dict(http().get(f"{self.url}/_sim/state").json())
@@ -205,38 +166,17 @@ class Sim:
         return {m["id"] for m in data if m.get("parent")}
 
 
+SIM_ARGS = ["--zero-latency", "--enable-fault-control", "--log-level", "error"]
+
+
 def start_sims(n: int, *extra: str) -> list[Sim]:
-    from kit.localservices import free_port
-
-    args = [
-        "--model",
-        "demo-base",
-        "--zero-latency",
-        "--enable-fault-control",
-        "--log-level",
-        "error",
-        *extra,
-    ]
-    sims: list[Sim] = []
+    sims = [Sim([*SIM_ARGS, *extra]) for _ in range(n)]
     try:
-        for _ in range(n):
-            sims.append(Sim(free_port(), args))
         for s in sims:
-            import os
-            import subprocess
-            import sys
-
-            env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
-            s.proc = subprocess.Popen(
-                [sys.executable, "-m", "simulator", "--port", str(s.port), *args],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            SimProcess.start(s)
         for s in sims:
             s.wait_ready()
     except BaseException:
-        for s in sims:
-            s.kill()
+        stop_all(list(sims))
         raise
     return sims

@@ -3,12 +3,12 @@ upstream work on a simulator with real generation timing."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
-from kit.localservices import free_port
 from tests.router.conftest import RouterFactory
 from tests.router.routerkit import Sim, chat, put_version, snapshot_of, wait_until
 
@@ -37,16 +37,7 @@ async def test_replica_down_and_back(
 
 @pytest.fixture(scope="module")
 def timed_sim() -> Iterator[Sim]:
-    args = [
-        "--model",
-        "demo-base",
-        "--decode-base-s",
-        "0.05",
-        "--enable-fault-control",
-        "--log-level",
-        "error",
-    ]
-    sim = Sim(free_port(), args).start()
+    sim = Sim(["--decode-base-s", "0.05", "--enable-fault-control", "--log-level", "error"]).start()
     try:
         yield sim
     finally:
@@ -64,7 +55,8 @@ async def test_client_disconnect_cancels_upstream(
     first = await res.stream.__anext__()
     assert first.startswith(b"data: ")
     assert timed_sim.state()["in_flight"] == 1
-    await res.stream.aclose()  # the client went away
+    stream = cast(AsyncGenerator[bytes, None], res.stream)
+    await stream.aclose()  # the client went away
     await wait_until(lambda: timed_sim.state()["in_flight"] == 0, timeout=5)
     rep = router.store.replicas[timed_sim.url]
     assert rep.inflight == 0 and rep.residents[v.lora_name].inflight == 0
