@@ -1,7 +1,7 @@
 """The registry's CLI command groups, assembled into ``loraplane`` by :mod:`loraplane.cli`.
 
 - ``db_app``          → ``loraplane db upgrade|current``
-- ``adapters_app``    → ``loraplane adapters push|list|show|versions|promote|rollback|disable|enable|
+- ``adapters_app``    → ``loraplane adapters push|register|list|show|versions|promote|rollback|disable|enable|
   disable-version|prewarm|replicas|audit``
 - ``tenants_app``     → ``loraplane tenants create|list|show|key|revoke|grant|ungrant|limits``
 - ``base_models_app`` → ``loraplane base-models add|list|show``
@@ -9,6 +9,7 @@
 Everything except ``db`` is a pure HTTP client of the admin API (:mod:`registry.admin_client`).
 """
 
+from registry.cli import ops  # noqa: F401  (registers prewarm, replicas, audit on adapters_app)
 from registry.cli.adapters import adapters_app
 from registry.cli.base_models import base_models_app
 from registry.cli.db import db_app

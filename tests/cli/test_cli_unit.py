@@ -427,3 +427,21 @@ def test_table_cells() -> None:
     assert common.fmt({"rpm": 1}) == '{"rpm":1}'
     assert common.human_bytes(34_200) == "33.4 KiB"
     assert common.normalise_version("3") == "v3" and common.normalise_version("v12") == "v12"
+
+
+def test_register_by_reference_sends_source_uri(api: FakeAPI) -> None:
+    api.on("POST", "/adapters/bot/versions", 201, {"adapter_id": "bot", "version": "v4", "files": []})
+    res = run_cli(["adapters", "register", "bot", "s3://models/bot/v4/"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(api.bodies[-1]) == {"source_uri": "s3://models/bot/v4/"}
+    assert api.requests[-1].headers["content-type"] == "application/json"
+    assert "registered bot v4 from s3://models/bot/v4/" in res.stdout
+    api.on(
+        "POST",
+        "/adapters/bot/versions",
+        422,
+        {"error": {"code": "invalid_request", "message": "source_uri is outside LORAPLANE_ALLOWED_SOURCES"}},
+    )
+    res = run_cli(["adapters", "register", "bot", "s3://elsewhere/x/"])
+    assert res.exit_code == 1
+    assert res.stderr.strip() == "error: 422 invalid_request: source_uri is outside LORAPLANE_ALLOWED_SOURCES"

@@ -415,3 +415,11 @@ def test_container_healthcheck_script(tmp_path: Path) -> None:
     env = {**os.environ, "HEALTHCHECK_URL": f"http://127.0.0.1:{free_port()}/healthz"}
     res = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=30)
     assert res.returncode == 1 and "unhealthy" in res.stderr
+
+
+def test_admin_token_only_where_needed() -> None:
+    services = _compose()["services"]
+    assert "LORAPLANE_ADMIN_TOKEN" in services["registry"]["environment"]
+    for name, svc in services.items():
+        if name != "registry":
+            assert "LORAPLANE_ADMIN_TOKEN" not in (svc.get("environment") or {}), name
