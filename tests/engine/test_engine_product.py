@@ -94,6 +94,34 @@ def ask(client: openai.OpenAI, model: str, prompt: str = PROMPT) -> tuple[str, s
     return body.choices[0].text, raw.headers.get("x-loraplane-adapter-version")
 
 
+def served(client: openai.OpenAI, model: str, version: str, timeout_s: float = 5.0) -> str:
+    """Ask until the gateway serves ``version`` for ``model`` (it learns of changes within 1 s)."""
+    deadline = time.monotonic() + timeout_s
+    seen: list[object] = []
+    while time.monotonic() < deadline:
+        try:
+            text, hv = ask(client, model)
+        except openai.NotFoundError as e:
+            seen.append(e.status_code)
+        else:
+            if hv == version:
+                return text
+            seen.append(hv)
+        time.sleep(0.05)
+    raise AssertionError(f"{model} not served as {version} within {timeout_s}s: {seen[-5:]}")
+
+
+def listed(platform: Platform, model: str, timeout_s: float = 5.0) -> None:
+    """Wait until the gateway lists ``model`` for the tenant (without sending it any request)."""
+    deadline = time.monotonic() + timeout_s
+    with openai.OpenAI(base_url=f"{platform.gateway_url}/v1", api_key=platform.key, max_retries=0) as c:
+        while time.monotonic() < deadline:
+            if model in {m.id for m in c.models.list()}:
+                return
+            time.sleep(0.05)
+    raise AssertionError(f"{model} not listed by the gateway within {timeout_s}s")
+
+
 def loaded_names(replica: ve.VllmReplica) -> list[str]:
     r = httpx.get(f"{replica.url}/v1/models", timeout=10)
     return [c["id"] for c in r.json()["data"] if c["id"] != BASE]
@@ -135,8 +163,7 @@ def test_versions_differ_and_equal_direct_answers(
     with platform.admin() as admin:
         admin.promote(aid, v1)
     model = f"{BASE}:{aid}"
-    t1, hv = ask(client, model)
-    assert hv == v1
+    t1 = served(client, model, v1)
     assert t1 == direct(platform, aid, v1)
     t2, hv2 = ask(client, f"{model}@{v2}")
     assert hv2 == v2
@@ -156,13 +183,10 @@ def test_rollback_switches_outputs_within_1s(
     model = f"{BASE}:{aid}"
     with platform.admin() as admin:
         admin.promote(aid, v1)
-        t1, _ = ask(client, model)
+        t1 = served(client, model, v1)
         admin.promote(aid, v2)
-        deadline = time.monotonic() + 5
-        t2, hv = ask(client, model)
-        while hv != v2 and time.monotonic() < deadline:
-            t2, hv = ask(client, model)
-        assert hv == v2 and t2 != t1
+        t2 = served(client, model, v2)
+        assert t2 != t1
         admin.rollback(aid)
         t_rb = time.monotonic()
     seen: list[tuple[float, str | None]] = []
@@ -185,8 +209,10 @@ def test_canary_split_serves_both_versions(
     model = f"{BASE}:{aid}"
     with platform.admin() as admin:
         admin.promote(aid, v1)
+    served(client, model, v1)
+    with platform.admin() as admin:
         admin.promote(aid, v2, canary_weight=50)
-    time.sleep(1.0)  # the gateway learns of the change within 1 s
+    served(client, model, v2)  # the canary is live once it has served one request
     texts: dict[str | None, set[str]] = {}
     for _ in range(20):
         text, hv = ask(client, model)
@@ -203,13 +229,18 @@ def test_disable_refuses_and_unloads(
     model = f"{BASE}:{aid}"
     with platform.admin() as admin:
         admin.promote(aid, v1)
-        ask(client, model)
+        served(client, model, v1)
         assert any(n.startswith(f"{aid}@") for r in platform.replicas for n in loaded_names(r))
         admin.disable_adapter(aid)
-    time.sleep(1.0)
-    with pytest.raises(openai.PermissionDeniedError) as ei:
-        ask(client, model)
-    assert ei.value.status_code == 403 and "adapter_disabled" in str(ei.value.body)
+    deadline = time.monotonic() + 5
+    refused: openai.PermissionDeniedError | None = None
+    while refused is None and time.monotonic() < deadline:
+        try:
+            ask(client, model)
+        except openai.PermissionDeniedError as e:
+            refused = e
+    assert refused is not None and refused.status_code == 403
+    assert "adapter_disabled" in str(refused.body)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if not any(n.startswith(f"{aid}@") for r in platform.replicas for n in loaded_names(r)):
@@ -228,16 +259,16 @@ def test_eviction_keeps_max_adapters_per_replica(
         aid, (v1,) = new_adapter(platform, engine_env, tmp_path, f"ev{i}", [50 + i])
         with platform.admin() as admin:
             admin.promote(aid, v1)
-        ids.append(aid)
+        ids.append((aid, v1))
     outputs = {}
-    for aid in ids:
-        outputs[aid] = ask(client, f"{BASE}:{aid}")[0]
+    for aid, v1 in ids:
+        outputs[aid] = served(client, f"{BASE}:{aid}", v1)
         for rep in platform.replicas:
             assert len(loaded_names(rep)) <= MAX_ADAPTERS, loaded_names(rep)
     assert len(set(outputs.values())) == n  # every adapter answered with its own weights
-    assert any(audit(platform, "adapter.unloaded", aid) for aid in ids)
+    assert any(audit(platform, "adapter.unloaded", aid) for aid, _ in ids)
     # an evicted adapter comes back on demand with the same output
-    assert ask(client, f"{BASE}:{ids[0]}")[0] == outputs[ids[0]]
+    assert ask(client, f"{BASE}:{ids[0][0]}")[0] == outputs[ids[0][0]]
 
 
 def test_tampered_object_is_never_loaded(
@@ -254,9 +285,13 @@ def test_tampered_object_is_never_loaded(
     blob = s3.get_object(Bucket=platform.bucket, Key=key)["Body"].read()
     tampered = blob[:-8] + bytes(8 * [0x41])
     s3.put_object(Bucket=platform.bucket, Key=key, Body=tampered)
-    with pytest.raises(openai.APIStatusError) as ei:
-        ask(client, f"{BASE}:{aid}")
-    assert ei.value.status_code == 503
+    deadline = time.monotonic() + 5
+    status = 404
+    while status == 404 and time.monotonic() < deadline:  # until the gateway knows the version
+        with pytest.raises(openai.APIStatusError) as ei:
+            ask(client, f"{BASE}:{aid}")
+        status = ei.value.status_code
+    assert status == 503, ei.value
     assert not any(n.startswith(f"{aid}@") for r in platform.replicas for n in loaded_names(r))
     assert audit(platform, "adapter.hash_mismatch", aid)
     assert not audit(platform, "adapter.loaded", aid)
@@ -267,6 +302,7 @@ def test_singleflight_one_load_per_replica(platform: Platform, engine_env: Engin
     with platform.admin() as admin:
         admin.promote(aid, v1)
     model = f"{BASE}:{aid}"
+    listed(platform, model)
 
     def one(_: int) -> tuple[str, str | None]:
         with openai.OpenAI(base_url=f"{platform.gateway_url}/v1", api_key=platform.key, max_retries=0) as c:
@@ -291,6 +327,8 @@ def test_zz_replica_killed_mid_traffic_fails_over(
         admin.promote(aid, v1)
         admin.prewarm(aid, replicas=2)
     model = f"{BASE}:{aid}"
+    with openai.OpenAI(base_url=f"{platform.gateway_url}/v1", api_key=platform.key, max_retries=0) as c:
+        served(c, model, v1)
     victim = platform.replicas[1]
     errors: list[str] = []
     texts: set[str] = set()
