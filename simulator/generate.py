@@ -59,10 +59,12 @@ async def _unary(app: SimApp, req: Request, p: Parsed, rid: str) -> None:
         futs.append(fut)
         app.driver.submit(ch.req_id, p.lora, ch.prompt_tokens, ch.gen.num_tokens, _resolver(fut, app, ch))
     try:
-        if len(futs) == 1:
-            await futs[0]
-        else:
-            await asyncio.gather(*futs)
+        if app.config.timing.is_zero:  # finishes within this loop turn: no disconnect watch needed
+            await (futs[0] if len(futs) == 1 else asyncio.gather(*futs))
+        elif not await _until_done_or_disconnect(req, futs):
+            for ch in p.choices:  # the client went away: cancel, as vLLM does
+                app.driver.abort(ch.req_id)
+            return
     except asyncio.CancelledError:
         for ch in p.choices:
             app.driver.abort(ch.req_id)
@@ -134,6 +136,26 @@ async def _unary(app: SimApp, req: Request, p: Parsed, rid: str) -> None:
             "kv_transfer_params": None,
         }
     await send_response(req.send, 200, orjson.dumps(out), (JSON_CT,))
+
+
+async def _until_done_or_disconnect(req: Request, futs: list[asyncio.Future[EngineEvent]]) -> bool:
+    """Wait for every choice; False when the client disconnected first."""
+
+    async def disconnected() -> None:
+        for _ in range(1_000_000):
+            if (await req.receive())["type"] == "http.disconnect":
+                return
+
+    done_all: asyncio.Future[Any] = asyncio.gather(*futs)
+    watch: asyncio.Future[Any] = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({done_all, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if done_all.done():
+        return True
+    done_all.cancel()
+    return False
 
 
 def _resolver(fut: asyncio.Future[EngineEvent], app: SimApp, ch: Choice) -> Callable[[EngineEvent], None]:

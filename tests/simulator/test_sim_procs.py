@@ -48,18 +48,26 @@ def test_real_time_process(make_adapter: MakeAdapter) -> None:
         assert _state(url)["engine"]["adapters"][str(a_id)]["disk_loads"] == 2
         # tokens stream at the step time; a client that goes away cancels its request
         body = {"model": "A", "prompt": "x", "max_tokens": 500, "stream": True}
+        t0 = time.monotonic()
         with (
             httpx.Client(timeout=10) as client,
             client.stream("POST", f"{url}/v1/completions", json=body) as r,
         ):
             got = 0
-            t0 = time.monotonic()
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     got += 1
                 if got == 5:
                     break
             assert time.monotonic() - t0 >= 0.1  # 5 engine steps of 20 ms
+        for _ in range(100):
+            if _state(url)["engine"]["running"] == 0:
+                break
+            time.sleep(0.05)
+        assert _state(url)["engine"]["running"] == 0
+        # same for a non-streaming request whose client gives up
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/completions", json={**body, "stream": False}, timeout=0.5)
         for _ in range(100):
             if _state(url)["engine"]["running"] == 0:
                 break
