@@ -187,7 +187,7 @@ class Router:
         if self._loader is None or models is None or self._redis is None:
             return
         # Clear shared "resident" records of adapters the replica no longer lists (it restarted).
-        self._spawn(self._loader.forget_missing(rep.url, set(models.adapters)))
+        self._spawn(self._loader.forget_missing(rep.url, set(models.adapters), rep.poll_started_wall))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)

@@ -169,15 +169,16 @@ class Loader:
     async def forget(self, url: str, lora_name: str) -> None:
         await self._share(url, lora_name, None)
 
-    async def forget_missing(self, url: str, listed: set[str]) -> None:
-        """Drop shared ``resident`` records the replica no longer lists (older than a moment)."""
+    async def forget_missing(self, url: str, listed: set[str], asked_at: float) -> None:
+        """Drop shared records the replica did not list when asked at wall time ``asked_at``
+        (records written after that are newer than the answer and kept)."""
         if self._redis is None:
             return
         try:
             recs = await self._redis.hgetall(self.res_key(url))
         except RedisError:
             return
-        cutoff = time.time() - 3.0
+        cutoff = asked_at - 0.5
         for raw_name, raw in recs.items():
             name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
             if name in listed:

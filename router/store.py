@@ -71,6 +71,7 @@ class ReplicaState:
     base_names: tuple[str, ...] = ()
     residents: dict[str, Residency] = field(default_factory=dict)
     inflight: int = 0
+    poll_started_wall: float = 0.0  # wall time the last completed poll asked its questions
     polled: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -227,6 +228,7 @@ class ReplicaStore:
         ok = False
         error = ""
         started = self._clock()
+        started_wall = self._wall()
         try:
             healthy, models, sample = await asyncio.wait_for(self._fetch(rep), self._settings.poll_timeout_s)
             ok = healthy
@@ -240,6 +242,7 @@ class ReplicaStore:
             rep.failures = 0
             rep.last_seen = self._clock()
             rep.last_seen_wall = self._wall()
+            rep.poll_started_wall = started_wall
             if not rep.healthy:
                 rep.healthy = True
                 log.info("replica healthy", extra={"replica": rep.url, "pool": rep.pool.name})
