@@ -16,7 +16,6 @@ import asyncio
 import logging
 import math
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +32,7 @@ from gateway.ratelimit import (
     rate_limit_headers,
     rejection_message,
 )
+from gateway.ratelimit.base import new_id
 from gateway.resolve import Resolution, resolve
 from gateway.service import Gateway
 from registry.snapshot import RoutingSnapshot, TenantInfo
@@ -51,7 +51,7 @@ def _request_id(headers: dict[bytes, bytes]) -> bytes:
     rid = headers.get(b"x-request-id")
     if rid and len(rid) <= 200 and all(0x21 <= c <= 0x7E for c in rid):
         return rid
-    return uuid.uuid4().hex.encode()
+    return new_id().encode()
 
 
 @dataclass(slots=True)
@@ -395,23 +395,18 @@ class GatewayApp:
         now = time.perf_counter()
         latency = now - ctx.t0
         tenant = m.tenant(ctx.tenant)
-        m.requests.labels(tenant, ctx.adapter, ctx.version, ctx.endpoint, str(ctx.status)).inc()
-        if ctx.error:
-            m.errors.labels(tenant, ctx.adapter, ctx.version, ctx.error).inc()
-        elif ctx.status < 400:
-            m.latency.labels(tenant, ctx.adapter, ctx.version).observe(latency)
-            m.queue.labels(tenant, ctx.adapter, ctx.version).observe(ctx.queue_s)
+        m.count(tenant, ctx.adapter, ctx.version, ctx.endpoint, ctx.status, ctx.error)
+        if not ctx.error and ctx.status < 400:
+            s = m.series(tenant, ctx.adapter, ctx.version)
+            s.latency.observe(latency)
+            s.queue.observe(ctx.queue_s)
             if ctx.ttft_s is not None:
-                m.ttft.labels(tenant, ctx.adapter, ctx.version).observe(ctx.ttft_s)
+                s.ttft.observe(ctx.ttft_s)
                 if ctx.chunks > 2:
-                    m.itl.labels(tenant, ctx.adapter, ctx.version).observe(
-                        (ctx.t_last - ctx.t_first) / (ctx.chunks - 1)
-                    )
+                    s.itl.observe((ctx.t_last - ctx.t_first) / (ctx.chunks - 1))
             if ctx.prompt_tokens is not None:
-                m.tokens.labels(tenant, ctx.adapter, ctx.version, "prompt").inc(ctx.prompt_tokens)
-                m.tokens.labels(tenant, ctx.adapter, ctx.version, "completion").inc(
-                    ctx.completion_tokens or 0
-                )
+                s.prompt_tokens.inc(ctx.prompt_tokens)
+                s.completion_tokens.inc(ctx.completion_tokens or 0)
         if log.isEnabledFor(logging.INFO):
             log.info(
                 "request",

@@ -7,10 +7,25 @@ the router records loads, placements and replica health).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 
 _LAT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
+
+@dataclass(slots=True)
+class Series:
+    """The labelled children of one (tenant, adapter, version), resolved once and cached."""
+
+    latency: Any
+    queue: Any
+    ttft: Any
+    itl: Any
+    prompt_tokens: Any
+    completion_tokens: Any
 
 
 class GatewayMetrics:
@@ -59,6 +74,36 @@ class GatewayMetrics:
             "loraplane_gateway_ratelimit_store_errors", "Rate-limit store failures, by on_error mode.",
             ["mode"], registry=r,
         )  # fmt: skip
+
+        self._series: dict[tuple[str, str, str], Series] = {}
+        self._counts: dict[tuple[str, str, str, str, int, str], tuple[Any, Any]] = {}
+
+    def series(self, tenant: str, adapter: str, version: str) -> Series:
+        key = (tenant, adapter, version)
+        s = self._series.get(key)
+        if s is None:
+            s = Series(
+                self.latency.labels(*key),
+                self.queue.labels(*key),
+                self.ttft.labels(*key),
+                self.itl.labels(*key),
+                self.tokens.labels(*key, "prompt"),
+                self.tokens.labels(*key, "completion"),
+            )
+            self._series[key] = s
+        return s
+
+    def count(self, tenant: str, adapter: str, version: str, endpoint: str, status: int, error: str) -> None:
+        """One answer: requests{code} (+ errors{error})."""
+        key = (tenant, adapter, version, endpoint, status, error)
+        c = self._counts.get(key)
+        if c is None:
+            req = self.requests.labels(tenant, adapter, version, endpoint, str(status))
+            err = self.errors.labels(tenant, adapter, version, error) if error else None
+            c = self._counts[key] = (req, err)
+        c[0].inc()
+        if c[1] is not None:
+            c[1].inc()
 
     def tenant(self, tenant_id: str) -> str:
         return tenant_id if self.tenant_labels else ""

@@ -16,13 +16,23 @@ releases the concurrency slot. Settling is idempotent.
 
 from __future__ import annotations
 
+import itertools
 import math
-import uuid
+import os
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 Kind = Literal["rpm", "tpm", "concurrency"]
 Scope = Literal["tenant", "grant"]
+
+
+_ID_PREFIX = os.urandom(8).hex()
+_ID_COUNTER = itertools.count(1)
+
+
+def new_id() -> str:
+    """A process-unique id, globally unique in practice (random per-process prefix + counter)."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):x}"
 
 
 class LimiterUnavailable(Exception):
@@ -60,7 +70,7 @@ class Lease:
     token_buckets: tuple[Bucket, ...]
     estimated_tokens: int
     concurrency_key: str | None
-    lease_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    lease_id: str = field(default_factory=lambda: new_id())
     settled: bool = False
 
 
