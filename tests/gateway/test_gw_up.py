@@ -96,7 +96,7 @@ class Up:
 
 
 def run_example(code: str) -> str:
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
