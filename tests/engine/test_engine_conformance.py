@@ -231,13 +231,56 @@ def _card_keys(c: httpx.Client) -> list[Any]:
     return [(sorted(card), sorted(card["permission"][0])) for card in data]
 
 
-def test_differential_probe_simulator_vs_real_vllm(
-    simulator_url: str, vllm_url: str, engine_adapters: EngineAdapters
-) -> None:
-    """Same requests to both servers; every observable difference is listed (simulator bugs)."""
+# The /metrics families VLLM.md §5 lists and the router reads: both servers must expose them.
+CORE_METRICS = {
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_waiting_by_reason",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:num_preemptions_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:lora_requests_info",
+    *(
+        f"vllm:{h}_{suffix}"
+        for h in (
+            "time_to_first_token_seconds",
+            "inter_token_latency_seconds",
+            "e2e_request_latency_seconds",
+            "request_queue_time_seconds",
+            "request_prefill_time_seconds",
+            "request_decode_time_seconds",
+        )
+        for suffix in ("bucket", "count", "sum")
+    ),
+}
+STEPS = [
+    *(step for step, *_ in _script(EngineAdapters(Path(), Path(), Path(), Path(), Path()), "x")),
+    "models cards",
+    "SSE framing",
+]
+# Differences seen on real vLLM 0.32 (CPU build) that the simulator does not reproduce: a check
+# is xfail(strict) only while the simulator still differs, so a fix turns it into a failure to
+# remove the mark.
+KNOWN_SIM_DIFFERENCES = {
+    "load bad rank": "simulator sends 'Call to add_lora method failed: LoRA rank 32 is greater than "
+    "max_lora_rank 16.'; real vLLM (multiproc executor) wraps the reason: 'Call to add_lora method "
+    "failed: Worker failed with error 'LoRA rank 32 is greater than max_lora_rank 16.', please "
+    "check the stack trace above for the root cause'",
+}
+
+
+@pytest.fixture(scope="module")
+def probe(
+    simulator_url: str, vllm_replicas: list[ve.VllmReplica], engine_adapters: EngineAdapters
+) -> dict[str, dict[str, Any]]:
+    """Same request script against both servers → ``{"vllm": {step: observation}, "sim": …}``."""
     paths = [engine_adapters.root, engine_adapters.a1, engine_adapters.bad_rank]
     results: dict[str, dict[str, Any]] = {}
-    for label, url in (("vllm", vllm_url), ("sim", simulator_url)):
+    for label, url in (("vllm", vllm_replicas[0].url), ("sim", simulator_url)):
         name = f"diff-{label}-{os.urandom(3).hex()}"
         with httpx.Client(base_url=url, timeout=60) as c:
             res: dict[str, Any] = {}
@@ -246,12 +289,50 @@ def test_differential_probe_simulator_vs_real_vllm(
                 if step == "load in place":
                     res["models cards"] = _card_keys(c)
                     res["SSE framing"] = _sse_shape(c, name)
-            res["metrics names"] = sorted(_metric_names(c) - {"vllm:cache_config_info"})
+            res["metrics"] = _metric_names(c)
             results[label] = res
-    diffs = {
-        step: {"vllm": results["vllm"][step], "sim": results["sim"][step]}
-        for step in results["vllm"]
-        if results["vllm"][step] != results["sim"][step]
-    }
     assert results["vllm"]["load ok"]["status"] == 200
-    assert not diffs, json.dumps(diffs, indent=1)
+    return results
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=KNOWN_SIM_DIFFERENCES[s]))
+        if s in KNOWN_SIM_DIFFERENCES
+        else s
+        for s in STEPS
+    ],
+)
+def test_simulator_answers_like_real_vllm(probe: dict[str, dict[str, Any]], step: str) -> None:
+    """Same request to both: status, content-type, error envelope (type, param, code, message
+    with names/paths normalised), card keys and SSE chunk shapes must be equal."""
+    assert probe["sim"][step] == probe["vllm"][step], json.dumps(
+        {"vllm": probe["vllm"][step], "sim": probe["sim"][step]}, indent=1
+    )
+
+
+def test_metrics_core_families_on_both(probe: dict[str, dict[str, Any]]) -> None:
+    assert probe["vllm"]["metrics"] >= CORE_METRICS, sorted(CORE_METRICS - probe["vllm"]["metrics"])
+    assert probe["sim"]["metrics"] >= CORE_METRICS, sorted(CORE_METRICS - probe["sim"]["metrics"])
+
+
+def test_metrics_simulator_invents_no_family(probe: dict[str, dict[str, Any]]) -> None:
+    extra = probe["sim"]["metrics"] - probe["vllm"]["metrics"]
+    assert not extra, sorted(extra)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="simulator lacks /metrics families real vLLM 0.32 exposes: every *_created sample "
+    "(prometheus_client created series), admission_rejections_total, engine_sleep_state, "
+    "estimated_flops_per_gpu_total, estimated_read/write_bytes_per_gpu_total, "
+    "external_prefix_cache_hits/queries_total, iteration_tokens_total, mm_cache_hits/queries_total, "
+    "prompt_tokens_by_source_total, prompt_tokens_cached(_by_source)_total, request_generation_tokens, "
+    "request_inference_time_seconds, request_max_num_generation_tokens, request_num_preemptions, "
+    "request_params_max_tokens, request_params_n, request_prefill_kv_computed_tokens, "
+    "request_prompt_tokens, request_time_per_output_token_seconds (histograms)",
+)
+def test_metrics_simulator_has_every_vllm_family(probe: dict[str, dict[str, Any]]) -> None:
+    missing = probe["vllm"]["metrics"] - probe["sim"]["metrics"]
+    assert not missing, sorted(missing)
