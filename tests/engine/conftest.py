@@ -22,7 +22,7 @@ from tests.engine import vllm_env as ve
 SKIP_ENV = "LORAPLANE_SKIP_ENGINE"
 
 # What every engine test module sets as ``pytestmark``; the timeout covers the first-time build.
-ENGINE_MARKS = [pytest.mark.engine, pytest.mark.xdist_group("engine"), pytest.mark.timeout(1200)]
+ENGINE_MARKS = [pytest.mark.engine, pytest.mark.xdist_group("engine"), pytest.mark.timeout(3000)]
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ MAX_MODEL_LEN = 512
 VENV_MARKER = ".loraplane-engine-ready"
 MODEL_MARKER = ".loraplane-model-ready"
 PIP_TIMEOUT_S = 1500.0
-READY_TIMEOUT_S = float(os.environ.get("LORAPLANE_ENGINE_READY_TIMEOUT_S", "480"))
+READY_TIMEOUT_S = float(os.environ.get("LORAPLANE_ENGINE_READY_TIMEOUT_S", "900"))
 SERVE_FILE = "serve.json"
 
 Log = Callable[[str], None]
