@@ -147,7 +147,7 @@ def start_registry(s3: S3Server, bucket: str, workdir: Path, part: int, max_byte
         [sys.executable, "-c", SERVER.format(port=port)], env=env, stdout=log, stderr=subprocess.STDOUT
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"registry exited: {(workdir / 'registry.log').read_text()[-2000:]}")
@@ -158,7 +158,7 @@ def start_registry(s3: S3Server, bucket: str, workdir: Path, part: int, max_byte
             pass
         time.sleep(0.2)
     proc.terminate()
-    raise RuntimeError("registry did not start in 180 s")
+    raise RuntimeError("registry did not start in 600 s")
 
 
 def push(url: str, adapter_id: str, files: list[Path]) -> tuple[float, dict[str, Any]]:
@@ -222,7 +222,7 @@ def main() -> None:
     part = args.part_mb * MB
 
     workdir = Path(tempfile.mkdtemp(prefix="lp-upload-bench-"))
-    s3 = start_s3_server()
+    s3 = start_s3_server(timeout=180)
     proc = None
     try:
         bucket = s3.create_bucket()
