@@ -48,7 +48,7 @@ from router.placement.types import Decision, PlacementRequest, Profile
 from router.reconciler import Reconciler
 from router.settings import RouterSettings
 from router.staging import AgentStager, LocalStager, ReadableStore, Stager
-from router.store import ReplicaState, ReplicaStore
+from router.store import ReplicaState, ReplicaStore, cancel_all
 
 log = logging.getLogger("loraplane.router")
 
@@ -85,6 +85,7 @@ class Router:
         self._loader: Loader | None = None
         self._reconciler: Reconciler | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._running = True
         self._bg: set[asyncio.Task[Any]] = set()
         self._timeout = aiohttp.ClientTimeout(
             total=settings.request_timeout_s, connect=settings.connect_timeout_s
@@ -136,9 +137,10 @@ class Router:
             self._tasks.append(asyncio.create_task(self._prewarm_loop(), name="prewarm"))
 
     async def stop(self) -> None:
-        for t in [*self._tasks, *self._bg]:
-            t.cancel()
-        await asyncio.gather(*self._tasks, *self._bg, return_exceptions=True)
+        self._running = False
+        if self._reconciler is not None:
+            self._reconciler.stopped = True
+        await cancel_all([*self._tasks, *self._bg])
         self._tasks.clear()
         if self._loader is not None:
             await self._loader.stop()
@@ -474,7 +476,7 @@ class Router:
         from router.directory import publish_records
 
         assert self._redis is not None
-        while True:
+        while self._running:
             try:
                 await publish_records(
                     self._redis, self._prefix, self.replica_records(), self.settings.state_ttl_s
@@ -487,7 +489,7 @@ class Router:
         from router.directory import pop_prewarm_requests
 
         assert self._redis is not None
-        while True:
+        while self._running:
             try:
                 for item in await pop_prewarm_requests(self._redis, self._prefix):
                     with contextlib.suppress(RouterError, KeyError, TypeError, ValueError):

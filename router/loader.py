@@ -157,10 +157,9 @@ class Loader:
         return task
 
     async def stop(self) -> None:
-        tasks = [*self._flights.values(), *self._bg]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        from router.store import cancel_all
+
+        await cancel_all([*self._flights.values(), *self._bg])
 
     def note_request(self, lora_name: str) -> None:
         """Count a request for the measured per-adapter rate (hot adapters)."""

@@ -40,14 +40,15 @@ class Reconciler:
         self._clock = clock
         self._kick = asyncio.Event()
         self._window_start = clock()
-        self.rates: dict[str, float] = {}  # lora_name → requests/s over the last window
+        self.rates: dict[str, float] = {}
+        self.stopped = False  # lora_name → requests/s over the last window
 
     def kick(self) -> None:
         self._kick.set()
 
     async def run(self) -> None:
         interval = self._router.settings.reconcile_interval_s
-        while True:
+        while not self.stopped:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), interval)
             self._kick.clear()

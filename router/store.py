@@ -35,6 +35,20 @@ LORA_NAME_RE = re.compile(
 )
 
 
+async def cancel_all(tasks: list[asyncio.Task[Any]], timeout: float = 5.0) -> None:
+    """Cancel ``tasks`` and wait for them, bounded (re-cancelling stragglers once)."""
+    live = [t for t in tasks if not t.done()]
+    for _ in range(2):
+        if not live:
+            return
+        for t in live:
+            t.cancel()
+        _, pending = await asyncio.wait(live, timeout=timeout)
+        live = list(pending)
+    if live:
+        log.warning("tasks did not stop", extra={"tasks": [t.get_name() for t in live]})
+
+
 def parse_lora_name(name: str) -> tuple[str, str] | None:
     """``"acme@v3-1a2b3c4d"`` → ``("acme", "v3")``; None when the name is not one of ours."""
     m = LORA_NAME_RE.match(name)
@@ -149,9 +163,7 @@ class ReplicaStore:
     async def stop(self) -> None:
         self._stopped = True
         tasks = [*self._tasks.values(), *self._dns_tasks]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_all(tasks)
         self._tasks.clear()
         self._dns_tasks.clear()
 
@@ -198,14 +210,15 @@ class ReplicaStore:
             self.remove(url)
 
     async def _dns_loop(self, pool: PoolConfig) -> None:
-        while True:
+        while not self._stopped:
             await asyncio.sleep(pool.dns_interval_s)
             await self._resolve_pool(pool)
 
     # ------------------------------------------------------------------ polling
 
     async def _poll_loop(self, rep: ReplicaState) -> None:
-        while True:
+        # The flag also ends the loop if a cancellation is swallowed (asyncio.wait_for in 3.11).
+        while not self._stopped and self.replicas.get(rep.url) is rep:
             try:
                 await self.poll_once(rep)
             except asyncio.CancelledError:
