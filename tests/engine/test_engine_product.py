@@ -33,7 +33,6 @@ N_TOKENS = 10
 def platform(
     engine_env: EngineEnv,
     vllm_replicas: list[ve.VllmReplica],
-    s3_server: ls.S3Server,
     redis_url: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Platform]:
@@ -42,15 +41,21 @@ def platform(
             r.stop()
             r.start()
             r.wait_ready()
-    with start_platform(
-        replicas=vllm_replicas,
-        model_dir=engine_env.model,
-        module_shapes=engine_env.module_shapes,
-        s3=s3_server,
-        redis_url=redis_url,
-        workdir=tmp_path_factory.mktemp("engine-platform"),
-    ) as p:
-        yield p
+    # Our own SeaweedFS S3 server (as the ``s3_server`` fixture) with a start-up timeout that
+    # survives a machine loaded by two vLLM replicas.
+    s3_server = ls.start_s3_server(timeout=300)
+    try:
+        with start_platform(
+            replicas=vllm_replicas,
+            model_dir=engine_env.model,
+            module_shapes=engine_env.module_shapes,
+            s3=s3_server,
+            redis_url=redis_url,
+            workdir=tmp_path_factory.mktemp("engine-platform"),
+        ) as p:
+            yield p
+    finally:
+        s3_server.stop()
 
 
 @pytest.fixture
