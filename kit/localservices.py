@@ -85,8 +85,19 @@ def redis_server_url() -> str:
         return env
     if not _port_open("127.0.0.1", 6379):
         subprocess.run(
-            ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379",
-             "--save", "", "--appendonly", "no"],
+            [
+                "redis-server",
+                "--daemonize",
+                "yes",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                "6379",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
             check=False,
             capture_output=True,
         )
@@ -215,7 +226,7 @@ def start_s3_server(timeout: float = 30.0) -> S3Server:
                 bucket = server.create_bucket("lp-ready-probe")
                 server.client().put_object(Bucket=bucket, Key="probe", Body=b"ok")
                 return server
-        except Exception as e:  # noqa: BLE001 - retry until ready
+        except Exception as e:
             last_err = e
         time.sleep(0.3)
     server.stop()

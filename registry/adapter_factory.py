@@ -33,7 +33,11 @@ def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray], dtypes: Map
     blobs: list[bytes] = []
     for name, arr in tensors.items():
         raw = np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {"dtype": dtypes[name], "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
+        header[name] = {
+            "dtype": dtypes[name],
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
         offset += len(raw)
         blobs.append(raw)
     hb = json.dumps(header, separators=(",", ":")).encode()
