@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
+from pathlib import Path
 
 import typer
 
@@ -52,11 +54,33 @@ def _load(module: str, attr: str) -> object | None:
     return getattr(importlib.import_module(module), attr, None)
 
 
+def _requested() -> str | None:
+    """The sub-command named on the command line, if any (``loraplane adapters list`` → adapters),
+    only when this process *is* the CLI (console script or ``python -m loraplane.cli``); an
+    importer such as a test runner always gets every command."""
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if argv0.name != "loraplane" and argv0.resolve() != Path(__file__).resolve():
+        return None
+    for arg in sys.argv[1:]:
+        if not arg.startswith("-"):
+            return arg
+    return None
+
+
+# Import only the package the command line asks for (``loraplane adapters list`` need not import
+# the router, aiohttp and uvicorn); ``--help`` or an unknown name loads everything.
+_wanted = _requested()
+_known = {name for _, _, name in _GROUPS + _COMMANDS}
+_only = _wanted if _wanted in _known else None
 for _mod, _attr, _name in _GROUPS:
+    if _only not in (None, _name):
+        continue
     _sub = _load(_mod, _attr)
     if isinstance(_sub, typer.Typer):
         app.add_typer(_sub, name=_name)
 for _mod, _attr, _name in _COMMANDS:
+    if _only not in (None, _name):
+        continue
     _fn = _load(_mod, _attr)
     if callable(_fn):
         app.command(name=_name)(_fn)
