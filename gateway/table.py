@@ -49,6 +49,8 @@ class RoutingTable:
         self.loaded_at: float | None = None  # time.time() of the last successful load
         self.reloads = 0
         self.changed_at: float | None = None  # time.time() when a new revision was installed
+        self.notified_at: float | None = None  # time.time() of the last change-feed notification
+        self.load_ms: float | None = None  # how long the last snapshot load took
         self._wanted = asyncio.Event()
         self._seen_revision = -1
         self._tasks: list[asyncio.Task[None]] = []
@@ -78,6 +80,7 @@ class RoutingTable:
 
     def notify(self, revision: int | None = None) -> None:
         """Ask for a reload (a change-feed notification)."""
+        self.notified_at = time.time()
         if revision is not None:
             self._seen_revision = max(self._seen_revision, revision)
             if self.snapshot is not None and revision <= self.snapshot.revision and not self.stale:
@@ -86,6 +89,7 @@ class RoutingTable:
 
     async def reload(self) -> bool:
         """Load the snapshot now; True on success. Never raises (logs transitions)."""
+        t0 = time.perf_counter()
         try:
             loop = asyncio.get_running_loop()
             snap = await loop.run_in_executor(self._executor, functools.partial(self._loader))
@@ -103,6 +107,7 @@ class RoutingTable:
         self.stale = False
         self.last_error = None
         self.loaded_at = time.time()
+        self.load_ms = round((time.perf_counter() - t0) * 1000, 2)
         changed = self.snapshot is None or snap.revision != self.snapshot.revision
         self.snapshot = snap
         self.reloads += 1
@@ -163,4 +168,6 @@ class RoutingTable:
             "last_error": self.last_error,
             "age_s": round(time.time() - self.loaded_at, 3) if self.loaded_at else None,
             "changed_at": self.changed_at,
+            "notified_at": self.notified_at,
+            "load_ms": self.load_ms,
         }

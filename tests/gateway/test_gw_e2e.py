@@ -215,37 +215,43 @@ def _served_version(url: str, key: str) -> str:
     return r.headers["x-loraplane-adapter-version"]
 
 
-def _in_force_after(plat: Platform, change: Callable[[], object], version: str) -> float:
+def _in_force_after(plat: Platform, change: Callable[[], object], version: str) -> tuple[float, list[dict]]:
     """Seconds from the admin call's return until both gateways installed the new revision
-    (their own ``changed_at`` clock, so polling overhead is not counted); then both serve ``version``."""
+    (their own ``changed_at`` clock, so polling overhead is not counted); then both serve ``version``.
+    Also each gateway's table status (notification time, load time) for the failure message."""
     before = [httpx.get(f"{u}/readyz").json()["routing_table"]["revision"] for u in plat.gateway_urls]
     change()
     returned = time.time()
     lat = []
+    tables = []
     for u, rev in zip(plat.gateway_urls, before, strict=True):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             table = httpx.get(f"{u}/readyz").json()["routing_table"]
             if table["revision"] > rev:
                 lat.append(max(0.0, table["changed_at"] - returned))
+                tables.append({**table, "notified_after_s": (table["notified_at"] or returned) - returned})
                 break
             time.sleep(0.005)
         else:
             raise AssertionError(f"{u} never saw the change")
         assert _served_version(u, plat.keys["acme"]) == version
-    return max(lat)
+    return max(lat), tables
 
 
 def test_promote_and_rollback_seen_by_both_gateways_within_1s(plat: Platform) -> None:
     assert {_served_version(u, plat.keys["acme"]) for u in plat.gateway_urls} == {"v1"}
-    promote_s = _in_force_after(plat, lambda: plat.admin.promote("flip", "v2"), "v2")
-    rollback_s = _in_force_after(plat, lambda: plat.admin.rollback("flip"), "v1")
-    print(
-        f"\nchange in force on both gateways: promote {promote_s * 1000:.1f} ms,"
-        f" rollback {rollback_s * 1000:.1f} ms"
-    )
-    # target well under 100 ms; the bound leaves room for the shared, heavily loaded test machine
-    assert min(promote_s, rollback_s) < 1.0 and max(promote_s, rollback_s) < 3.0
+    times: list[float] = []
+    details: list[object] = []
+    for _ in range(3):
+        promote_s, t1 = _in_force_after(plat, lambda: plat.admin.promote("flip", "v2"), "v2")
+        rollback_s, t2 = _in_force_after(plat, lambda: plat.admin.rollback("flip"), "v1")
+        times += [promote_s, rollback_s]
+        details += [t1, t2]
+    print("\nchange in force on both gateways (ms):", [round(t * 1000, 1) for t in times])
+    # Target well under 100 ms. The bound is the SPEC's worst case (1 s) for the median change,
+    # with room for a shared, heavily loaded test machine on the slowest one.
+    assert sorted(times)[len(times) // 2] < 1.0 and max(times) < 3.0, details
     plat.admin.disable_adapter("flip")
     t0 = time.perf_counter()
     for u in plat.gateway_urls:

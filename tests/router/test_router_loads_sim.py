@@ -191,10 +191,15 @@ async def test_disabled_adapter_unloaded_and_retired_version_unloaded_when_idle(
     router.update_snapshot(snapshot_of(a, retired, new, revision=2, disabled=("killme",)))
     await wait_until(lambda: a.lora_name not in sims[0].loaded(), timeout=5)
     await wait_until(lambda: old.lora_name not in sims[0].loaded(), timeout=5)
-    reasons = {
-        e["subject_id"]: e["details"]["reason"] for e in audit.events if e["action"] == "adapter.unloaded"
-    }
-    assert reasons == {"killme": "disabled", "rolling": "retired"}
+
+    def reasons() -> dict[str, str]:
+        return {
+            e["subject_id"]: e["details"]["reason"] for e in audit.events if e["action"] == "adapter.unloaded"
+        }
+
+    # the audit row is written just after the replica answers the unload: wait for it too
+    await wait_until(lambda: len(reasons()) == 2, timeout=5)
+    assert reasons() == {"killme": "disabled", "rolling": "retired"}
 
 
 async def test_prewarm_loads_onto_n_replicas(
