@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import platform
+import secrets
 import shutil
 import signal
 import subprocess
@@ -303,6 +304,8 @@ def start_litellm(
     lines += [
         "general_settings:",
         "  custom_auth: custom_auth.user_api_key_auth",
+        # 1.108 refuses to boot without a master key, even with custom_auth doing the checks
+        f'  master_key: "sk-{secrets.token_hex(32)}"',
         "litellm_settings:",
         "  drop_params: true",
         "  telemetry: false",
