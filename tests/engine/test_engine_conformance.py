@@ -54,6 +54,8 @@ def simulator_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 str(ve.MAX_CPU_LORAS),
                 "--max-lora-rank",
                 str(ve.MAX_LORA_RANK),
+                # the real replicas run vLLM's multiproc executor, which wraps engine-side errors
+                "--wrap-worker-errors",
             ],
             stdout=lf,
             stderr=subprocess.STDOUT,
@@ -265,12 +267,7 @@ STEPS = [
 # Differences seen on real vLLM 0.32 (CPU build) that the simulator does not reproduce: a check
 # is xfail(strict) only while the simulator still differs, so a fix turns it into a failure to
 # remove the mark.
-KNOWN_SIM_DIFFERENCES = {
-    "load bad rank": "simulator sends 'Call to add_lora method failed: LoRA rank 32 is greater than "
-    "max_lora_rank 16.'; real vLLM (multiproc executor) wraps the reason: 'Call to add_lora method "
-    "failed: Worker failed with error 'LoRA rank 32 is greater than max_lora_rank 16.', please "
-    "check the stack trace above for the root cause'",
-}
+KNOWN_SIM_DIFFERENCES: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
