@@ -5,6 +5,10 @@ Every command group takes ``--url`` (env ``LORAPLANE_ADMIN_URL``, default
 on the group (``loraplane adapters --json list``) and on each command
 (``loraplane adapters list --json``); the command's value wins.
 
+Commands are declared with :func:`admin_command`, which adds those three options (after the
+command's own) and hands the command the merged :class:`CliOptions`; :func:`emit` prints an
+answer as JSON or as a table.
+
 Errors never show a traceback: an API error prints ``error: STATUS CODE: MESSAGE`` (plus one
 line per problem of an ``invalid_adapter`` answer) on stderr and exits 1; an unreachable
 admin API prints ``error: cannot reach the admin API at URL (is it running?)`` and exits 2.
@@ -13,6 +17,7 @@ admin API prints ``error: cannot reach the admin API at URL (is it running?)`` a
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -115,6 +120,46 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+_CTX_PARAM = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+_SHARED_PARAMS = [
+    inspect.Parameter("url", inspect.Parameter.KEYWORD_ONLY, annotation=UrlOpt, default=None),
+    inspect.Parameter("token", inspect.Parameter.KEYWORD_ONLY, annotation=TokenOpt, default=None),
+    inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=JsonOpt, default=False),
+]
+
+
+def admin_command(app: typer.Typer, name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register ``fn(opts, **own_params)`` as command NAME of APP, a client of the admin API.
+
+    The command typer sees takes the context, ``fn``'s parameters after the first (its arguments
+    and options, in order), then ``--url``, ``--token`` and ``--json``; ``fn`` gets those merged
+    over the group's (:func:`options`) as its first argument. Errors go through
+    :func:`handle_errors`.
+    """
+
+    def register(fn: Callable[..., None]) -> Callable[..., None]:
+        own = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
+        params = [
+            _CTX_PARAM,
+            *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own),
+            *_SHARED_PARAMS,
+        ]
+
+        @functools.wraps(fn)
+        def command(
+            ctx: typer.Context, *, url: str | None, token: str | None, as_json: bool, **kwargs: Any
+        ) -> None:
+            fn(options(ctx, url, token, as_json), **kwargs)
+
+        # typer reads the parameters from the signature (and resolves hints from __annotations__)
+        command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+        app.command(name)(handle_errors(command))
+        return fn
+
+    return register
+
+
 def print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
 
@@ -184,6 +229,29 @@ def print_rows(
 
 def field(name: str) -> Callable[[dict[str, Any]], Any]:
     return lambda row: row.get(name)
+
+
+def emit(
+    opts: CliOptions,
+    answer: Any,
+    *,
+    columns: Sequence[Column] | None = None,
+    title: str | None = None,
+    summary: str | None = None,
+    skip: Iterable[str] = (),
+) -> None:
+    """Print an API answer: with ``--json`` the answer as it came; else the ``summary`` line (if
+    any), then the rows as a table of ``columns``, or a record as a key/value table (a non-record
+    answer prints nothing more)."""
+    if opts.as_json:
+        print_json(answer)
+        return
+    if summary:
+        out_console().print(summary)
+    if columns is not None:
+        print_rows(answer, columns, title=title)
+    elif isinstance(answer, dict):
+        print_record(answer, title=title, skip=skip)
 
 
 def normalise_version(version: str) -> str:

@@ -19,19 +19,16 @@ from rich.progress import (
 from registry.admin_client import AdminAPIError, AdminClient, adapter_files
 from registry.cli._common import (
     CliOptions,
-    JsonOpt,
-    TokenOpt,
-    UrlOpt,
+    admin_command,
     client,
+    emit,
     err_console,
     fail,
     field,
     fmt,
-    handle_errors,
     human_bytes,
     new_group,
     normalise_version,
-    options,
     out_console,
     print_json,
     print_record,
@@ -68,10 +65,12 @@ _VERSION_COLUMNS = [
 ]
 
 
-def _print_version(version: dict[str, Any], opts: CliOptions) -> None:
+def _print_version(version: dict[str, Any], opts: CliOptions, summary: str | None = None) -> None:
     if opts.as_json:
         print_json(version)
         return
+    if summary:
+        out_console().print(summary)
     print_record(version, title=f"{version.get('adapter_id')} {version.get('version')}", skip=("files",))
     files = version.get("files") or []
     print_rows(
@@ -96,12 +95,7 @@ def _print_adapter(adapter: dict[str, Any], opts: CliOptions, versions: list[dic
 
 def _print_change(result: Any, opts: CliOptions, summary: str) -> None:
     """Output of a state change: the API's answer (adapter or version record)."""
-    if opts.as_json:
-        print_json(result)
-        return
-    out_console().print(summary)
-    if isinstance(result, dict):
-        print_record(result, skip=("versions", "files"))
+    emit(opts, result, summary=summary, skip=("versions", "files"))
 
 
 def _ensure_adapter(
@@ -127,10 +121,9 @@ def _ensure_adapter(
         )
 
 
-@adapters_app.command("push")
-@handle_errors
+@admin_command(adapters_app, "push")
 def push(
-    ctx: typer.Context,
+    opts: CliOptions,
     directory: Annotated[
         Path, typer.Argument(exists=True, file_okay=False, dir_okay=True, help="PEFT LoRA adapter directory.")
     ],
@@ -145,12 +138,8 @@ def push(
     description: Annotated[
         str | None, typer.Option("--description", help="Description of a created adapter.")
     ] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
 ) -> None:
     """Upload every file of DIRECTORY as a new version of the adapter (streamed, with a progress bar)."""
-    opts = options(ctx, url, token, as_json)
     files = adapter_files(directory)
     if not files:
         raise fail(f"no files to upload in {directory}")
@@ -170,64 +159,39 @@ def push(
         with progress:
             task = progress.add_task(f"push {adapter} ({len(files)} files)", total=total)
             version = admin.upload_files(adapter, files, progress=lambda n: progress.advance(task, n))
-    if not opts.as_json:
-        out_console().print(f"uploaded {adapter} {version.get('version')} ({human_bytes(total)})")
-    _print_version(version, opts)
+    _print_version(version, opts, f"uploaded {adapter} {version.get('version')} ({human_bytes(total)})")
 
 
-@adapters_app.command("register")
-@handle_errors
+@admin_command(adapters_app, "register")
 def register(
-    ctx: typer.Context,
+    opts: CliOptions,
     adapter: AdapterArg,
     source_uri: Annotated[
         str, typer.Argument(help="s3://bucket/prefix/ inside LORAPLANE_ALLOWED_SOURCES of the registry.")
     ],
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
 ) -> None:
     """Register a new version by reference to files already in an allowed bucket/prefix."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         version = admin.register_version(adapter, source_uri)
-    if not opts.as_json:
-        out_console().print(f"registered {adapter} {version.get('version')} from {source_uri}")
-    _print_version(version, opts)
+    _print_version(version, opts, f"registered {adapter} {version.get('version')} from {source_uri}")
 
 
-@adapters_app.command("list")
-@handle_errors
+@admin_command(adapters_app, "list")
 def list_adapters(
-    ctx: typer.Context,
+    opts: CliOptions,
     base_model: Annotated[str | None, typer.Option("--base-model", help="Only this base model.")] = None,
     owner: Annotated[str | None, typer.Option("--owner", help="Only this owner.")] = None,
     status: Annotated[str | None, typer.Option("--status", help="active | disabled.")] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
 ) -> None:
     """List adapters (every page)."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         rows = admin.list_adapters(base_model=base_model, owner=owner, status=status)
-    if opts.as_json:
-        print_json(rows)
-    else:
-        print_rows(rows, _ADAPTER_COLUMNS, title="Adapters")
+    emit(opts, rows, columns=_ADAPTER_COLUMNS, title="Adapters")
 
 
-@adapters_app.command("show")
-@handle_errors
-def show(
-    ctx: typer.Context,
-    adapter: AdapterArg,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+@admin_command(adapters_app, "show")
+def show(opts: CliOptions, adapter: AdapterArg) -> None:
     """Describe an adapter with its versions."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         record = admin.get_adapter(adapter)
         versions = record.get("versions")
@@ -236,45 +200,32 @@ def show(
     _print_adapter(record, opts, versions)
 
 
-@adapters_app.command("versions")
-@handle_errors
+@admin_command(adapters_app, "versions")
 def show_version(
-    ctx: typer.Context,
+    opts: CliOptions,
     adapter: AdapterArg,
     version: Annotated[str | None, typer.Argument(help="One version to describe (else list them).")] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
 ) -> None:
     """List an adapter's versions, or describe one with its files and hashes."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         if version is not None:
             _print_version(admin.get_version(adapter, normalise_version(version)), opts)
             return
         rows = admin.list_versions(adapter)
-    if opts.as_json:
-        print_json(rows)
-    else:
-        print_rows(rows, _VERSION_COLUMNS, title="Versions")
+    emit(opts, rows, columns=_VERSION_COLUMNS, title="Versions")
 
 
-@adapters_app.command("promote")
-@handle_errors
+@admin_command(adapters_app, "promote")
 def promote(
-    ctx: typer.Context,
+    opts: CliOptions,
     adapter: AdapterArg,
     version: VersionArg,
     canary: Annotated[
         int | None,
         typer.Option("--canary", min=1, max=99, help="Canary with this share of traffic (1-99 %)."),
     ] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
 ) -> None:
     """Make a version active, or a canary with --canary WEIGHT."""
-    opts = options(ctx, url, token, as_json)
     v = normalise_version(version)
     with client(opts) as admin:
         result = admin.promote(adapter, v, canary_weight=canary)
@@ -282,67 +233,34 @@ def promote(
     _print_change(result, opts, f"{adapter} {v} is now {what}")
 
 
-@adapters_app.command("rollback")
-@handle_errors
-def rollback(
-    ctx: typer.Context,
-    adapter: AdapterArg,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+@admin_command(adapters_app, "rollback")
+def rollback(opts: CliOptions, adapter: AdapterArg) -> None:
     """Restore the version that was active before the current one (clears any canary)."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         result = admin.rollback(adapter)
     active = result.get("active_version") if isinstance(result, dict) else None
     _print_change(result, opts, f"{adapter} rolled back; active version: {fmt(active)}")
 
 
-@adapters_app.command("disable")
-@handle_errors
-def disable(
-    ctx: typer.Context,
-    adapter: AdapterArg,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+@admin_command(adapters_app, "disable")
+def disable(opts: CliOptions, adapter: AdapterArg) -> None:
     """Kill switch: every request for the adapter fails fast and replicas unload it."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         result = admin.disable_adapter(adapter)
     _print_change(result, opts, f"{adapter} disabled")
 
 
-@adapters_app.command("enable")
-@handle_errors
-def enable(
-    ctx: typer.Context,
-    adapter: AdapterArg,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+@admin_command(adapters_app, "enable")
+def enable(opts: CliOptions, adapter: AdapterArg) -> None:
     """Undo ``disable``: the adapter is served as before."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         result = admin.enable_adapter(adapter)
     _print_change(result, opts, f"{adapter} enabled")
 
 
-@adapters_app.command("disable-version")
-@handle_errors
-def disable_version(
-    ctx: typer.Context,
-    adapter: AdapterArg,
-    version: VersionArg,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+@admin_command(adapters_app, "disable-version")
+def disable_version(opts: CliOptions, adapter: AdapterArg, version: VersionArg) -> None:
     """Block one version (it can no longer be served or promoted; the active one rolls back)."""
-    opts = options(ctx, url, token, as_json)
     v = normalise_version(version)
     with client(opts) as admin:
         result = admin.disable_version(adapter, v)

@@ -8,20 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from registry.cli._common import (
-    JsonOpt,
-    TokenOpt,
-    UrlOpt,
-    client,
-    field,
-    handle_errors,
-    new_group,
-    options,
-    out_console,
-    print_json,
-    print_record,
-    print_rows,
-)
+from registry.cli._common import CliOptions, admin_command, client, emit, field, new_group
 
 base_models_app = new_group("Base models that adapters are built on.")
 
@@ -58,10 +45,9 @@ def parse_module_shapes(raw: str | None) -> dict[str, list[int]] | None:
     return data  # type: ignore[no-any-return]
 
 
-@base_models_app.command("add")
-@handle_errors
+@admin_command(base_models_app, "add")
 def add(
-    ctx: typer.Context,
+    opts: CliOptions,
     name: Annotated[str, typer.Argument(help="Base model name (slug), as clients will send it.")],
     hf_id: Annotated[
         str, typer.Option("--hf-id", help="Hugging Face id, e.g. meta-llama/Llama-3.1-8B-Instruct.")
@@ -76,12 +62,8 @@ def add(
         str | None, typer.Option("--module-shapes", help='JSON {"q_proj": [in, out], …} or @file.json.')
     ] = None,
     revision: Annotated[str | None, typer.Option("--revision", help="Model revision.")] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
 ) -> None:
     """Register a base model."""
-    opts = options(ctx, url, token, as_json)
     modules = [m.strip() for m in target_modules.split(",") if m.strip()]
     if not modules:
         raise typer.BadParameter("give at least one module", param_hint="--target-modules")
@@ -90,28 +72,18 @@ def add(
         result = admin.create_base_model(
             name, hf_id, max_lora_rank, modules, module_shapes=shapes, revision=revision
         )
-    if opts.as_json:
-        print_json(result)
-    else:
-        out_console().print(f"registered base model {name}")
-        print_record(result)
+    emit(opts, result, summary=f"registered base model {name}")
 
 
-@base_models_app.command("list")
-@handle_errors
-def list_base_models(
-    ctx: typer.Context, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
-) -> None:
+@admin_command(base_models_app, "list")
+def list_base_models(opts: CliOptions) -> None:
     """List base models."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         rows = admin.list_base_models()
-    if opts.as_json:
-        print_json(rows)
-        return
-    print_rows(
+    emit(
+        opts,
         rows,
-        [
+        columns=[
             ("name", field("name")),
             ("hf id", field("hf_id")),
             ("max rank", field("max_lora_rank")),
@@ -122,20 +94,9 @@ def list_base_models(
     )
 
 
-@base_models_app.command("show")
-@handle_errors
-def show(
-    ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="Base model name.")],
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+@admin_command(base_models_app, "show")
+def show(opts: CliOptions, name: Annotated[str, typer.Argument(help="Base model name.")]) -> None:
     """Describe a base model."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         result = admin.get_base_model(name)
-    if opts.as_json:
-        print_json(result)
-    else:
-        print_record(result, title=f"base model {name}")
+    emit(opts, result, title=f"base model {name}")

@@ -7,34 +7,19 @@ from typing import Annotated, Any
 
 import typer
 
-from registry.cli._common import (
-    JsonOpt,
-    TokenOpt,
-    UrlOpt,
-    client,
-    field,
-    handle_errors,
-    options,
-    print_json,
-    print_rows,
-)
+from registry.cli._common import CliOptions, admin_command, client, emit, field
 from registry.cli.adapters import AdapterArg, _print_change, adapters_app
 
 
-@adapters_app.command("prewarm")
-@handle_errors
+@admin_command(adapters_app, "prewarm")
 def prewarm(
-    ctx: typer.Context,
+    opts: CliOptions,
     adapter: AdapterArg,
     replicas: Annotated[
         int | None, typer.Option("--replicas", min=1, help="How many replicas to load it on.")
     ] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
 ) -> None:
     """Load the active version onto N replicas now."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         result = admin.prewarm(adapter, replicas)
     _print_change(result, opts, f"prewarm of {adapter} requested")
@@ -47,21 +32,15 @@ def _loaded(replica: dict[str, Any]) -> str:
     return "\n".join(items) or "-"
 
 
-@adapters_app.command("replicas")
-@handle_errors
-def replicas(
-    ctx: typer.Context, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
-) -> None:
+@admin_command(adapters_app, "replicas")
+def replicas(opts: CliOptions) -> None:
     """Every replica: health, adapters loaded, requests running/waiting."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         rows = admin.list_replicas()
-    if opts.as_json:
-        print_json(rows)
-        return
-    print_rows(
+    emit(
+        opts,
         rows,
-        [
+        columns=[
             ("url", field("url")),
             ("pool", field("pool")),
             ("base model", field("base_model")),
@@ -75,10 +54,9 @@ def replicas(
     )
 
 
-@adapters_app.command("audit")
-@handle_errors
+@admin_command(adapters_app, "audit")
 def audit(
-    ctx: typer.Context,
+    opts: CliOptions,
     action: Annotated[str | None, typer.Option("--action", help="e.g. version.promoted")] = None,
     subject_type: Annotated[
         str | None, typer.Option("--subject-type", help="adapter | tenant | base_model")
@@ -88,22 +66,16 @@ def audit(
         str | None, typer.Option("--since", help="ISO 8601 time, e.g. 2026-01-01T00:00:00Z")
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many events.")] = 50,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
 ) -> None:
     """The audit log: every admin change, load, unload, failure."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         rows = admin.list_audit(
             action=action, subject_type=subject_type, subject_id=subject_id, since=since, limit=limit
         )
-    if opts.as_json:
-        print_json(rows)
-        return
-    print_rows(
+    emit(
+        opts,
         rows,
-        [
+        columns=[
             ("time", field("ts")),
             ("actor", field("actor")),
             ("action", field("action")),

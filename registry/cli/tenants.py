@@ -8,15 +8,12 @@ import typer
 
 from registry.cli._common import (
     CliOptions,
-    JsonOpt,
-    TokenOpt,
-    UrlOpt,
+    admin_command,
     client,
+    emit,
     err_console,
     field,
-    handle_errors,
     new_group,
-    options,
     out_console,
     parse_limit,
     print_json,
@@ -66,10 +63,18 @@ def _print_tenant(tenant: dict[str, Any], opts: CliOptions, summary: str | None 
         )
 
 
-@tenants_app.command("create")
-@handle_errors
+def _print_removal(opts: CliOptions, result: Any, fallback: dict[str, Any], summary: str) -> None:
+    """Output of a revoke/ungrant: the API's answer (FALLBACK when it had no body) with ``--json``,
+    else just the SUMMARY line."""
+    if opts.as_json:
+        print_json(result if result is not None else fallback)
+    else:
+        out_console().print(summary)
+
+
+@admin_command(tenants_app, "create")
 def create(
-    ctx: typer.Context,
+    opts: CliOptions,
     tenant: TenantArg,
     name: Annotated[str | None, typer.Option("--name", help="Display name (default: the id).")] = None,
     rpm: Annotated[int | None, typer.Option("--rpm", min=0, help="Requests per minute.")] = None,
@@ -80,33 +85,23 @@ def create(
     base_model_access: Annotated[
         bool, typer.Option("--base-model-access", help="May call the bare base model.")
     ] = False,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
 ) -> None:
     """Create a tenant (limits unset = unlimited)."""
-    opts = options(ctx, url, token, as_json)
     limits = {"rpm": rpm, "tpm": tpm, "max_concurrency": max_concurrency}
     with client(opts) as admin:
         result = admin.create_tenant(tenant, name=name, limits=limits, base_model_access=base_model_access)
     _print_tenant(result, opts, f"created tenant {tenant}")
 
 
-@tenants_app.command("list")
-@handle_errors
-def list_tenants(
-    ctx: typer.Context, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
-) -> None:
+@admin_command(tenants_app, "list")
+def list_tenants(opts: CliOptions) -> None:
     """List tenants (every page)."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         rows = admin.list_tenants()
-    if opts.as_json:
-        print_json(rows)
-        return
-    print_rows(
+    emit(
+        opts,
         rows,
-        [
+        columns=[
             ("id", field("id")),
             ("name", field("name")),
             ("rpm", lambda t: _limit(t, "rpm")),
@@ -119,33 +114,17 @@ def list_tenants(
     )
 
 
-@tenants_app.command("show")
-@handle_errors
-def show(
-    ctx: typer.Context,
-    tenant: TenantArg,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+@admin_command(tenants_app, "show")
+def show(opts: CliOptions, tenant: TenantArg) -> None:
     """Describe a tenant."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         result = admin.get_tenant(tenant)
     _print_tenant(result, opts)
 
 
-@tenants_app.command("key")
-@handle_errors
-def key(
-    ctx: typer.Context,
-    tenant: TenantArg,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+@admin_command(tenants_app, "key")
+def key(opts: CliOptions, tenant: TenantArg) -> None:
     """Issue an API key for the tenant. The key is printed once and can never be shown again."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         result = admin.issue_key(tenant)
     err_console().print(
@@ -159,75 +138,49 @@ def key(
     typer.echo(result.get("key"))
 
 
-@tenants_app.command("revoke")
-@handle_errors
+@admin_command(tenants_app, "revoke")
 def revoke(
-    ctx: typer.Context,
+    opts: CliOptions,
     tenant: TenantArg,
     key_id: Annotated[str, typer.Argument(help="Key id (from `tenants key`).")],
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
 ) -> None:
     """Revoke one API key of the tenant."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         result = admin.revoke_key(tenant, key_id)
-    if opts.as_json:
-        print_json(result if result is not None else {"tenant_id": tenant, "key_id": key_id, "revoked": True})
-    else:
-        out_console().print(f"revoked key {key_id} of tenant {tenant}")
+    revoked = {"tenant_id": tenant, "key_id": key_id, "revoked": True}
+    _print_removal(opts, result, revoked, f"revoked key {key_id} of tenant {tenant}")
 
 
-@tenants_app.command("grant")
-@handle_errors
+@admin_command(tenants_app, "grant")
 def grant(
-    ctx: typer.Context,
+    opts: CliOptions,
     tenant: TenantArg,
     adapter: Annotated[str, typer.Argument(help="Adapter id.")],
     rpm: Annotated[int | None, typer.Option("--rpm", min=0, help="Per-grant requests per minute.")] = None,
     tpm: Annotated[int | None, typer.Option("--tpm", min=0, help="Per-grant tokens per minute.")] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
 ) -> None:
     """Let the tenant use an adapter (optionally with its own rpm/tpm)."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         result = admin.put_grant(tenant, adapter, rpm=rpm, tpm=tpm)
-    if opts.as_json:
-        print_json(result)
-    else:
-        out_console().print(f"granted {adapter} to {tenant}")
-        print_record(result)
+    emit(opts, result, summary=f"granted {adapter} to {tenant}")
 
 
-@tenants_app.command("ungrant")
-@handle_errors
+@admin_command(tenants_app, "ungrant")
 def ungrant(
-    ctx: typer.Context,
+    opts: CliOptions,
     tenant: TenantArg,
     adapter: Annotated[str, typer.Argument(help="Adapter id.")],
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
 ) -> None:
     """Remove the tenant's grant for an adapter."""
-    opts = options(ctx, url, token, as_json)
     with client(opts) as admin:
         result = admin.delete_grant(tenant, adapter)
-    if opts.as_json:
-        print_json(
-            result if result is not None else {"tenant_id": tenant, "adapter_id": adapter, "removed": True}
-        )
-    else:
-        out_console().print(f"removed grant of {adapter} from {tenant}")
+    removed = {"tenant_id": tenant, "adapter_id": adapter, "removed": True}
+    _print_removal(opts, result, removed, f"removed grant of {adapter} from {tenant}")
 
 
-@tenants_app.command("limits")
-@handle_errors
+@admin_command(tenants_app, "limits")
 def limits(
-    ctx: typer.Context,
+    opts: CliOptions,
     tenant: TenantArg,
     rpm: Annotated[
         str | None, typer.Option("--rpm", help="Requests per minute, or 'none' (unlimited).")
@@ -241,12 +194,8 @@ def limits(
         typer.Option("--base-model-access/--no-base-model-access", help="May call the bare base model."),
     ] = None,
     name: Annotated[str | None, typer.Option("--name", help="New display name.")] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
 ) -> None:
     """Change a tenant's limits (only those given; 'none' = unlimited) or base-model access."""
-    opts = options(ctx, url, token, as_json)
     patch: dict[str, int | None] = {}
     for key_name, flag, raw in (
         ("rpm", "rpm", rpm),

@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from registry.models import AdapterRow, VersionRow
+from registry.repositories.pagination import keyset_rows
 
 
 def get(session: Session, adapter_id: str, *, for_update: bool = False) -> AdapterRow | None:
@@ -44,16 +45,8 @@ def list_rows(
     owner: str | None = None,
     status: str | None = None,
 ) -> list[AdapterRow]:
-    q = sa.select(AdapterRow).order_by(AdapterRow.id).limit(limit + 1)
-    if after is not None:
-        q = q.where(AdapterRow.id > after)
-    if base_model:
-        q = q.where(AdapterRow.base_model == base_model)
-    if owner:
-        q = q.where(AdapterRow.owner == owner)
-    if status:
-        q = q.where(AdapterRow.status == status)
-    return list(session.execute(q).scalars())
+    filters = [(AdapterRow.base_model, base_model), (AdapterRow.owner, owner), (AdapterRow.status, status)]
+    return keyset_rows(session, AdapterRow, AdapterRow.id, limit=limit, after=after, equal=filters)
 
 
 def all_rows(session: Session) -> list[AdapterRow]:
@@ -101,15 +94,8 @@ def get_version(session: Session, adapter_id: str, number: int) -> VersionRow | 
 def list_versions(
     session: Session, adapter_id: str, *, limit: int, after: int | None = None
 ) -> list[VersionRow]:
-    q = (
-        sa.select(VersionRow)
-        .where(VersionRow.adapter_id == adapter_id)
-        .order_by(VersionRow.number)
-        .limit(limit + 1)
-    )
-    if after is not None:
-        q = q.where(VersionRow.number > after)
-    return list(session.execute(q).scalars())
+    of_adapter = [VersionRow.adapter_id == adapter_id]
+    return keyset_rows(session, VersionRow, VersionRow.number, limit=limit, after=after, where=of_adapter)
 
 
 def max_version_number(session: Session, adapter_id: str) -> int:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from registry.models import AuditEventRow, utcnow
+from registry.repositories.pagination import keyset_rows
 
 
 def add(
@@ -38,15 +38,12 @@ def list_rows(
     since: datetime | None = None,
 ) -> list[AuditEventRow]:
     """Oldest first (chronological), ``limit + 1`` rows so the caller knows if there are more."""
-    q = sa.select(AuditEventRow).order_by(AuditEventRow.id).limit(limit + 1)
-    if after_id is not None:
-        q = q.where(AuditEventRow.id > after_id)
-    if action:
-        q = q.where(AuditEventRow.action == action)
-    if subject_type:
-        q = q.where(AuditEventRow.subject_type == subject_type)
-    if subject_id:
-        q = q.where(AuditEventRow.subject_id == subject_id)
-    if since is not None:
-        q = q.where(AuditEventRow.ts >= since)
-    return list(session.execute(q).scalars())
+    filters = [
+        (AuditEventRow.action, action),
+        (AuditEventRow.subject_type, subject_type),
+        (AuditEventRow.subject_id, subject_id),
+    ]
+    later = [AuditEventRow.ts >= since] if since is not None else []
+    return keyset_rows(
+        session, AuditEventRow, AuditEventRow.id, limit=limit, after=after_id, equal=filters, where=later
+    )

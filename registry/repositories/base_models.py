@@ -6,6 +6,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from registry.models import BaseModelRow
+from registry.repositories.pagination import keyset_rows
 
 
 def get(session: Session, name: str) -> BaseModelRow | None:
@@ -19,10 +20,7 @@ def add(session: Session, row: BaseModelRow) -> BaseModelRow:
 
 
 def list_rows(session: Session, *, limit: int, after: str | None = None) -> list[BaseModelRow]:
-    q = sa.select(BaseModelRow).order_by(BaseModelRow.name).limit(limit + 1)
-    if after is not None:
-        q = q.where(BaseModelRow.name > after)
-    return list(session.execute(q).scalars())
+    return keyset_rows(session, BaseModelRow, BaseModelRow.name, limit=limit, after=after)
 
 
 def all_rows(session: Session) -> list[BaseModelRow]:

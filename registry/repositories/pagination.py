@@ -1,13 +1,19 @@
-"""Keyset pagination with opaque cursors: ``limit`` (default 50, clamped to 500) and ``cursor``."""
+"""Keyset pagination with opaque cursors: ``limit`` (default 50, clamped to 500) and ``cursor``.
+
+:func:`keyset_rows` is the one query of a page (``limit + 1`` rows after the cursor's key);
+:func:`page_of` cuts them into the page and the next cursor."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from kit.errors import InvalidRequest
 
@@ -54,3 +60,27 @@ def page_of(rows: Sequence[T], limit: int, key_of: Any) -> tuple[list[T], str | 
     items = list(rows[:limit])
     more = len(rows) > limit
     return items, (encode_cursor(key_of(items[-1])) if more and items else None)
+
+
+def keyset_rows(
+    session: Session,
+    entity: type[T],
+    key: InstrumentedAttribute[Any],
+    *,
+    limit: int,
+    after: Any = None,
+    equal: Iterable[tuple[InstrumentedAttribute[Any], Any]] = (),
+    where: Iterable[sa.ColumnElement[bool]] = (),
+) -> list[T]:
+    """Up to ``limit + 1`` rows of ENTITY in KEY order with KEY > ``after`` (when given), so the
+    caller knows if there are more. ``equal``: (column, value) filters applied when the value is
+    given (not None or empty); ``where``: further conditions."""
+    q = sa.select(entity).order_by(key).limit(limit + 1)
+    if after is not None:
+        q = q.where(key > after)
+    for column, value in equal:
+        if value:
+            q = q.where(column == value)
+    for condition in where:
+        q = q.where(condition)
+    return list(session.execute(q).scalars())

@@ -6,6 +6,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from registry.models import ApiKeyRow, GrantRow, TenantRow
+from registry.repositories.pagination import keyset_rows
 
 
 def get(session: Session, tenant_id: str, *, for_update: bool = False) -> TenantRow | None:
@@ -21,10 +22,7 @@ def add(session: Session, row: TenantRow | ApiKeyRow | GrantRow) -> None:
 
 
 def list_rows(session: Session, *, limit: int, after: str | None = None) -> list[TenantRow]:
-    q = sa.select(TenantRow).order_by(TenantRow.id).limit(limit + 1)
-    if after is not None:
-        q = q.where(TenantRow.id > after)
-    return list(session.execute(q).scalars())
+    return keyset_rows(session, TenantRow, TenantRow.id, limit=limit, after=after)
 
 
 def all_rows(session: Session) -> list[TenantRow]:

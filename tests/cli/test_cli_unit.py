@@ -12,11 +12,13 @@ from typing import Any
 
 import httpx
 import pytest
+import typer
 
 import registry.cli._common as common
 from kit.localservices import free_port
 from registry.adapter_factory import write_adapter
 from registry.admin_client import AdminAPIError, AdminClient, MultipartUpload
+from registry.cli import adapters_app, base_models_app, tenants_app
 from tests.cli.cli_helpers import parse_multipart, run_cli
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -418,6 +420,28 @@ def test_groups_are_mounted_in_the_loraplane_cli() -> None:
     res = CliRunner().invoke(app, ["adapters", "--help"], env={"COLUMNS": "200"})
     for cmd in ("push", "promote", "rollback", "disable-version", "prewarm", "replicas", "audit"):
         assert cmd in res.output
+
+
+def test_every_admin_command_takes_url_token_json_last() -> None:
+    """``admin_command`` appends the shared options after each command's own, with their help."""
+    shared = {
+        "url": (["--url"], "Admin API base URL [env LORAPLANE_ADMIN_URL, default http://127.0.0.1:8081]."),
+        "token": (["--token"], "Admin bearer token [env LORAPLANE_ADMIN_TOKEN]."),
+        "as_json": (["--json"], "Print the raw JSON answer instead of tables."),
+    }
+    for group, sub_app in (
+        ("adapters", adapters_app),
+        ("tenants", tenants_app),
+        ("base-models", base_models_app),
+    ):
+        commands = typer.main.get_command(sub_app)
+        assert isinstance(commands, typer.core.TyperGroup)
+        for name, cmd in commands.commands.items():
+            last = cmd.params[-3:]
+            assert [p.name for p in last] == list(shared), f"{group} {name}"
+            for p in last:
+                assert (p.opts, getattr(p, "help", None)) == shared[p.name], f"{group} {name} {p.name}"
+            assert "ctx" not in [p.name for p in cmd.params] and "opts" not in [p.name for p in cmd.params]
 
 
 def test_table_cells() -> None:
