@@ -59,7 +59,7 @@ class SimApp:
         self.config = config
         self.exit_process = exit_process
         self.engine = EngineModel(config.timing)
-        self.metrics = SimMetrics(self.engine, config.model, config.timing.max_loras)
+        self.metrics = SimMetrics(self.engine, config.model, config.timing.max_loras, config.max_model_len)
         self.driver = EngineDriver(self.engine, on_record=self.metrics.record_lora_info)
         self.adapters: dict[str, LoadedAdapter] = {}
         self._locks: dict[str, asyncio.Lock] = {}

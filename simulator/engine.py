@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from simulator.timing import (
@@ -110,9 +111,14 @@ class EngineModel:
     _step_started: float = 0.0
     _free_at: float = 0.0  # engine busy (step or add_lora) until then
     _pending: list[EngineEvent] = field(default_factory=list)
+    _step_prompt_tokens: int = 0
     steps: int = 0
     total_disk_loads: int = 0
     total_cpu_reloads: int = 0
+    #: called as ``on_iteration(tokens, steps)`` for ``steps`` engine steps that each processed
+    #: ``tokens`` tokens (newly prefilled prompt tokens + one per running request), as vLLM's
+    #: ``vllm:iteration_tokens_total``; None (the default) costs nothing
+    on_iteration: Callable[[int, int], None] | None = None
 
     # ------------------------------------------------------------------ adapters
     def register_adapter(
@@ -296,6 +302,8 @@ class EngineModel:
                     ev.append(EngineEvent("token", r.req_id, ti, r.generated + i))
         for r in running:
             r.generated += jumps
+        if self.on_iteration is not None:
+            self.on_iteration(len(running), jumps)
         if self._gpu:
             for r in running:
                 if r.lora_id:
@@ -356,6 +364,7 @@ class EngineModel:
         ) * p.time_scale + load_s
         self._step_started = start
         self._step_end = start + dur
+        self._step_prompt_tokens = new_tokens
         self.steps += 1
         return True
 
@@ -366,6 +375,8 @@ class EngineModel:
         self._free_at = max(self._free_at, t)
         keep: list[_Req] = []
         ev = self._pending
+        if self.on_iteration is not None and self._running:
+            self.on_iteration(self._step_prompt_tokens + len(self._running), 1)
         for req in self._running:
             req.generated += 1
             if req.generated == 1:

@@ -35,9 +35,10 @@ async def handle_generate(app: SimApp, req: Request, chat: bool) -> None:
     rid = os.urandom(8).hex()
     k = 0
     for text, ntok in p.prompts:
+        group = [p.n, 0, p.n]  # one vLLM parent request per prompt
         for i in range(p.n):
             gen = generate(p.identity, text, max_tokens=p.max_tokens, seed=p.seed, index=i, stop=p.stop)
-            p.choices.append(Choice(k, gen, f"{rid}-{k}", ntok))
+            p.choices.append(Choice(k, gen, f"{rid}-{k}", ntok, p.max_tokens, group))
             k += 1
     app.metrics.mark_traffic()
     app.in_flight += 1

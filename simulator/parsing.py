@@ -20,6 +20,9 @@ class Choice:
     gen: Generation
     req_id: str
     prompt_tokens: int
+    max_tokens: int | None = None  # the request's max_tokens (vllm:request_params_max_tokens)
+    # shared by the n choices of one prompt (vLLM's ParentRequest): [unfinished, max generated, n]
+    group: list[int] = field(default_factory=lambda: [1, 0, 1])
 
 
 @dataclass
@@ -193,12 +196,21 @@ def observe_choice(app: SimApp, ch: Choice, ev: EngineEvent) -> None:
     t = ev.times
     if t is None:
         return
-    app.metrics.observe_finished(
+    metrics = app.metrics
+    num_tokens = ch.gen.num_tokens
+    metrics.observe_finished(
         prompt_tokens=ch.prompt_tokens,
-        completion_tokens=ch.gen.num_tokens,
+        completion_tokens=num_tokens,
         finish_reason=ch.gen.finish_reason,
         arrival=t.arrival,
         scheduled_at=t.scheduled_at if t.scheduled_at is not None else t.arrival,
         first_token_at=t.first_token_at if t.first_token_at is not None else ev.time,
         finished_at=ev.time,
+        max_tokens=ch.max_tokens,
     )
+    g = ch.group
+    g[0] -= 1
+    if num_tokens > g[1]:
+        g[1] = num_tokens
+    if g[0] == 0:  # the prompt's last choice: its n and the longest of its choices
+        metrics.observe_parent(g[2], g[1])

@@ -137,6 +137,9 @@ def start_platform(
             "LORAPLANE_STAGING_DIR": str(staging),
             "LORAPLANE_POLL_INTERVAL_S": "0.5",
             "LORAPLANE_UNHEALTHY_AFTER": "2",
+            # a CPU vLLM busy generating may answer a scrape slowly on a loaded machine; a killed
+            # replica still fails at once (connection refused)
+            "LORAPLANE_POLL_TIMEOUT_S": "10",
             "LORAPLANE_RECONCILE_INTERVAL_S": "0.5",
             "LORAPLANE_RETIRED_IDLE_UNLOAD_S": "600",
             "LORAPLANE_LOAD_TIMEOUT_S": "60",
