@@ -319,17 +319,6 @@ def test_metrics_simulator_invents_no_family(probe: dict[str, dict[str, Any]]) -
     assert not extra, sorted(extra)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="simulator lacks /metrics families real vLLM 0.32 exposes: every *_created sample "
-    "(prometheus_client created series), admission_rejections_total, engine_sleep_state, "
-    "estimated_flops_per_gpu_total, estimated_read/write_bytes_per_gpu_total, "
-    "external_prefix_cache_hits/queries_total, iteration_tokens_total, mm_cache_hits/queries_total, "
-    "prompt_tokens_by_source_total, prompt_tokens_cached(_by_source)_total, request_generation_tokens, "
-    "request_inference_time_seconds, request_max_num_generation_tokens, request_num_preemptions, "
-    "request_params_max_tokens, request_params_n, request_prefill_kv_computed_tokens, "
-    "request_prompt_tokens, request_time_per_output_token_seconds (histograms)",
-)
 def test_metrics_simulator_has_every_vllm_family(probe: dict[str, dict[str, Any]]) -> None:
     missing = probe["vllm"]["metrics"] - probe["sim"]["metrics"]
     assert not missing, sorted(missing)
