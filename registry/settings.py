@@ -22,6 +22,12 @@ class RegistrySettings(LoraplaneSettings):
     s3_access_key_id: str | None = Field(default=None, description="S3 access key (else boto3's chain).")
     s3_secret_access_key: SecretStr | None = Field(default=None, description="S3 secret key.")
     s3_multipart_chunk_bytes: int = Field(default=16 * 1024 * 1024, description="S3 multipart part size.")
+    s3_max_inflight_parts: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="Parts of one file uploaded at once while it streams in (memory: this × part size).",
+    )
     allowed_sources: list[str] = Field(
         default_factory=list,
         description='Prefixes that `source_uri` registration may read from, e.g. ["s3://bucket/adapters/"].',
