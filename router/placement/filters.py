@@ -24,9 +24,8 @@ class HealthyFilter(Filter):
 
     def keep(self, ctx: PickContext) -> list[int] | None:
         reps = ctx.replicas
-        if not [v for v in reps if not v.healthy]:
-            return None
-        return [i for i, v in enumerate(reps) if v.healthy]
+        keep = [i for i, v in enumerate(reps) if v.healthy]
+        return None if len(keep) == len(reps) else keep
 
 
 class ExcludeFilter(Filter):

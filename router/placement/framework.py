@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from router.placement.types import Action, Decision, PlacementRequest, ReplicaView, Resident
+from router.placement.types import Action, Decision, PlacementRequest, ReplicaView, Resident, Scores
 
 # Residency states that hold a registration slot on the replica (count towards max_adapters).
 OCCUPYING = frozenset({"staging", "loading", "resident", "unloading"})
@@ -197,6 +197,24 @@ def can_host(view: ReplicaView, target: Resident | None, s: Summary | None = Non
     return (s or summary(view)).takes_new
 
 
+def _weighted_sum(columns: list[list[float]], weights: tuple[float, ...], n: int) -> list[float]:
+    """Σ weight × score per replica, in one pass over the columns (common widths unrolled)."""
+    if len(columns) == 4:
+        a, b, c, d = columns
+        wa, wb, wc, wd = weights
+        return [wa * p + wb * q + wc * r + wd * s for p, q, r, s in zip(a, b, c, d, strict=True)]
+    if len(columns) == 3:
+        a, b, c = columns
+        wa, wb, wc = weights
+        return [wa * p + wb * q + wc * r for p, q, r in zip(a, b, c, strict=True)]
+    if not columns:
+        return [0.0] * n
+    totals = [weights[0] * x for x in columns[0]]
+    for w, col in zip(weights[1:], columns[1:], strict=True):
+        totals = [t + w * x for t, x in zip(totals, col, strict=True)]
+    return totals
+
+
 class SchedulerProfile:
     """A named placement policy: filters → weighted scorers → picker (+ evictor).
 
@@ -217,6 +235,7 @@ class SchedulerProfile:
         self.name = name
         self.filters = tuple(filters)
         self.scorers = tuple((s, float(w)) for s, w in scorers if w > 0)
+        self._weights = tuple(w for _, w in self.scorers)
         self.picker = picker
         self.evictor = evictor or Evictor()
 
@@ -243,25 +262,21 @@ class SchedulerProfile:
         n = len(ctx.replicas)
         if n == 0:
             return Decision(replica=None, action="none", reason="no replicas")
-        totals: list[float] | None = None
-        for scorer, weight in self.scorers:
+        columns: list[list[float]] = []
+        for scorer, _ in self.scorers:
             scores = scorer.score(ctx)
             if len(scores) != n:
                 raise ValueError(f"scorer {scorer.name!r} returned {len(scores)} scores for {n} replicas")
             if not scorer.bounded:  # clamp to [0, 1]; NaN → 0
                 scores = [(1.0 if x > 1.0 else x) if x >= 0.0 else 0.0 for x in scores]
-            if totals is None:
-                totals = [weight * x for x in scores]
-            else:
-                totals = [t + weight * x for t, x in zip(totals, scores, strict=True)]
-        if totals is None:
-            totals = [0.0] * n
+            columns.append(scores)
+        totals = _weighted_sum(columns, self._weights, n)
         index = self.picker.pick(ctx, totals)
         return self._decide(ctx, totals, index)
 
     def _decide(self, ctx: PickContext, totals: list[float], index: int) -> Decision:
         view = ctx.replicas[index]
-        scores = dict(zip([v.url for v in ctx.replicas], totals, strict=True))
+        scores = Scores([v.url for v in ctx.replicas], totals)
         name = ctx.request.lora_name
         if name is None:
             return Decision(replica=view.url, action="hit", scores=scores, reason="base model")

@@ -68,11 +68,8 @@ class HotCopyEvictor(Evictor):
         for r in idle[: self.scan]:
             if len(chosen) == need:
                 break
-            demand = 0
-            for other in ctx.all_replicas:
-                o = other.residents.get(r.lora_name)
-                if o is not None:
-                    demand += o.inflight
+            name = r.lora_name
+            demand = sum([o.inflight for v in ctx.all_replicas if (o := v.residents.get(name)) is not None])
             if demand / cap >= self.low_water:
                 kept.append(r.lora_name)
             else:

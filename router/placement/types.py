@@ -10,6 +10,7 @@ Nothing here does I/O; benchmarks replay traces through the same code.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -67,12 +68,42 @@ class PlacementRequest:
 Action = Literal["hit", "load", "replicate", "none"]
 
 
+class Scores(Mapping[str, float]):
+    """url → final score of every candidate, built into a dict only when read (decisions are
+    made far more often than their scores are looked at: debugging, logs, tests)."""
+
+    __slots__ = ("_d", "_totals", "_urls")
+
+    def __init__(self, urls: Sequence[str] = (), totals: Sequence[float] = ()) -> None:
+        self._urls = urls
+        self._totals = totals
+        self._d: dict[str, float] | None = None
+
+    def _dict(self) -> dict[str, float]:
+        d = self._d
+        if d is None:
+            d = self._d = dict(zip(self._urls, self._totals, strict=True))
+        return d
+
+    def __getitem__(self, url: str) -> float:
+        return self._dict()[url]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        return len(self._urls)
+
+    def __repr__(self) -> str:
+        return repr(self._dict())
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     replica: str | None  # chosen replica url; None → no capacity
     action: Action  # hit: already resident; load: first copy; replicate: another copy of a resident one
     evict: tuple[str, ...] = ()  # lora_names to unload from ``replica`` first (it is at max_adapters)
-    scores: dict[str, float] = field(default_factory=dict)  # url → final score (for debugging/metrics)
+    scores: Mapping[str, float] = field(default_factory=Scores)  # url → final score (debugging/metrics)
     reason: str = ""
 
 
