@@ -292,12 +292,36 @@ class AdminClient:
     # -- adapters -----------------------------------------------------------------------------
 
     def create_adapter(
-        self, adapter_id: str, base_model: str, owner: str | None = None, description: str | None = None
+        self,
+        adapter_id: str,
+        base_model: str,
+        owner: str | None = None,
+        description: str | None = None,
+        hot: bool | None = None,
     ) -> JSON:
         body = _drop_none(
-            {"id": adapter_id, "base_model": base_model, "owner": owner, "description": description}
+            {
+                "id": adapter_id,
+                "base_model": base_model,
+                "owner": owner,
+                "description": description,
+                "hot": hot,
+            }
         )
         return self.request("POST", "/adapters", json_body=body)
+
+    def update_adapter(
+        self,
+        adapter_id: str,
+        *,
+        description: str | None = None,
+        owner: str | None = None,
+        hot: bool | None = None,
+    ) -> JSON:
+        """PATCH: only the given (non-None) fields change. ``hot=True`` marks the adapter hot (the
+        router keeps its active version prewarmed); ``hot=False`` unmarks it."""
+        body = _drop_none({"description": description, "owner": owner, "hot": hot})
+        return self.request("PATCH", f"/adapters/{_q(adapter_id)}", json_body=body)
 
     def list_adapters(
         self,

@@ -1,6 +1,7 @@
 """ORM models of the registry (SQLAlchemy 2, sync). Rows never leave the ``registry`` package.
 
-Tables: ``base_models``, ``adapters``, ``versions``, ``tenants``, ``api_keys``, ``grants``,
+Tables: ``base_models``, ``adapters`` (``hot``: marked hot by an operator, kept prewarmed by the
+router, SPEC §8), ``versions``, ``tenants``, ``api_keys``, ``grants``,
 ``audit_events`` and the single-row ``registry_state`` (``revision``, bumped by every change).
 
 Version numbers and pointers (``active_version``, ``canary_version``, ``rollback_to``) are stored
@@ -69,6 +70,7 @@ class AdapterRow(Base):
     active_version: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     canary_version: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     canary_weight: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    hot: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     versions: Mapped[list[VersionRow]] = relationship(

@@ -62,6 +62,7 @@ class AdapterInfo:
     canary_version: str | None
     canary_weight: int | None
     versions: dict[str, VersionInfo] = field(default_factory=dict)  # "v1" → VersionInfo
+    hot: bool = False  # marked hot: the router keeps the active version prewarmed (SPEC §8)
 
 
 @dataclass(frozen=True, slots=True)

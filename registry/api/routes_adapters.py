@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request
 
+from kit.errors import InvalidRequest
 from registry.api.deps import read, state_of, write
 from registry.api.schemas import (
     AdapterCreate,
     AdapterDetailOut,
     AdapterOut,
     AdapterPage,
+    AdapterPatch,
     BaseModelCreate,
     BaseModelOut,
     BaseModelPage,
@@ -70,8 +72,23 @@ def create_adapter(request: Request, body: AdapterCreate) -> AdapterOut:
             base_model=body.base_model,
             owner=body.owner,
             description=body.description,
+            hot=body.hot,
             actor=_actor(request),
         ),
+    )
+    return AdapterOut.model_validate(rec)
+
+
+@router.patch("/adapters/{adapter_id}", response_model=AdapterOut, tags=["adapters"])
+def update_adapter(request: Request, adapter_id: str, body: AdapterPatch) -> AdapterOut:
+    """Change any of ``description``, ``owner`` (null clears them) and ``hot`` (a marked-hot
+    adapter's active version is kept prewarmed by the router). Fields left out stay as they are;
+    a real change writes one ``adapter.updated`` audit event and bumps the registry revision."""
+    changes: dict[str, Any] = {f: getattr(body, f) for f in body.model_fields_set}
+    if "hot" in changes and changes["hot"] is None:
+        raise InvalidRequest("hot cannot be null", details={"field": "hot"})
+    rec = write(
+        state_of(request), lambda s: adapter_svc.update_adapter(s, adapter_id, changes, actor=_actor(request))
     )
     return AdapterOut.model_validate(rec)
 

@@ -32,8 +32,21 @@ class BaseModelCreate(_In):
 class AdapterCreate(_In):
     id: StrictStr
     base_model: StrictStr
-    owner: StrictStr | None = None
+    owner: StrictStr | None = Field(default=None, max_length=255)
     description: StrictStr | None = None
+    hot: StrictBool = Field(
+        default=False, description="Marked hot: the router keeps the active version prewarmed."
+    )
+
+
+class AdapterPatch(_In):
+    """Any of these; fields left out stay as they are. ``owner``/``description`` may be null."""
+
+    description: StrictStr | None = None
+    owner: StrictStr | None = Field(default=None, max_length=255)
+    hot: StrictBool | None = Field(
+        default=None, description="Marked hot: the router keeps the active version prewarmed."
+    )
 
 
 class PromoteBody(_In):
@@ -115,6 +128,7 @@ class AdapterOut(_Out):
     active_version: str | None
     canary_version: str | None
     canary_weight: int | None
+    hot: bool
     created_at: datetime
 
 

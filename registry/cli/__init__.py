@@ -1,8 +1,8 @@
 """The registry's CLI command groups, assembled into ``loraplane`` by :mod:`loraplane.cli`.
 
 - ``db_app``          → ``loraplane db upgrade|current``
-- ``adapters_app``    → ``loraplane adapters push|register|list|show|versions|promote|rollback|disable|enable|
-  disable-version|prewarm|replicas|audit``
+- ``adapters_app``    → ``loraplane adapters create|update|push|register|list|show|versions|promote|
+  rollback|disable|enable|disable-version|prewarm|replicas|audit``
 - ``tenants_app``     → ``loraplane tenants create|list|show|key|revoke|grant|ungrant|limits``
 - ``base_models_app`` → ``loraplane base-models add|list|show``
 

@@ -1,5 +1,6 @@
-"""``loraplane adapters …``: push versions, list/show, promote/canary/rollback, kill switches,
-prewarm, replicas and the audit log — all through the admin API."""
+"""``loraplane adapters …``: create/update adapters, push versions, list/show,
+promote/canary/rollback, kill switches, prewarm, replicas and the audit log — all through the
+admin API."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ from registry.cli._common import (
     print_rows,
 )
 
-adapters_app = new_group("Adapters and their versions: push, list, show, promote, rollback, disable, enable.")
+adapters_app = new_group(
+    "Adapters and their versions: create, update, push, list, show, promote, rollback, disable, enable."
+)
 
 AdapterArg = Annotated[str, typer.Argument(help="Adapter id.")]
 VersionArg = Annotated[str, typer.Argument(help="Version, e.g. v3 (or 3).")]
@@ -49,6 +52,7 @@ _ADAPTER_COLUMNS = [
         "canary",
         lambda a: f"{a['canary_version']} ({a.get('canary_weight')}%)" if a.get("canary_version") else None,
     ),
+    ("hot", field("hot")),
     ("owner", field("owner")),
     ("created", field("created_at")),
 ]
@@ -119,6 +123,50 @@ def _ensure_adapter(
         raise fail(
             f"adapter '{adapter_id}' belongs to base model '{existing.get('base_model')}', not '{base}'"
         )
+
+
+@admin_command(adapters_app, "create")
+def create(
+    opts: CliOptions,
+    adapter: AdapterArg,
+    base: Annotated[str, typer.Option("--base", help="Base model the adapter is built on.")],
+    owner: Annotated[str | None, typer.Option("--owner", help="Owner (team or person).")] = None,
+    description: Annotated[str | None, typer.Option("--description", help="Description.")] = None,
+    hot: Annotated[
+        bool, typer.Option("--hot", help="Mark hot: the router keeps the active version prewarmed.")
+    ] = False,
+) -> None:
+    """Create an adapter (no versions yet; `push` uploads them)."""
+    with client(opts) as admin:
+        result = admin.create_adapter(
+            adapter, base_model=base, owner=owner, description=description, hot=hot or None
+        )
+    emit(opts, result, summary=f"created adapter {adapter} on base model {base}" + (" (hot)" if hot else ""))
+
+
+@admin_command(adapters_app, "update")
+def update(
+    opts: CliOptions,
+    adapter: AdapterArg,
+    hot: Annotated[
+        bool | None,
+        typer.Option(
+            "--hot/--no-hot", help="Mark (or unmark) hot: the router keeps the active version prewarmed."
+        ),
+    ] = None,
+    description: Annotated[str | None, typer.Option("--description", help="New description.")] = None,
+    owner: Annotated[str | None, typer.Option("--owner", help="New owner.")] = None,
+) -> None:
+    """Change an adapter's description, owner or hot mark (only those given)."""
+    if hot is None and description is None and owner is None:
+        raise typer.BadParameter("give at least one of --hot/--no-hot, --description, --owner")
+    with client(opts) as admin:
+        result = admin.update_adapter(adapter, description=description, owner=owner, hot=hot)
+    changed = [] if hot is None else ["marked hot" if hot else "no longer marked hot"]
+    changed += [
+        f"{name} set" for name, v in (("owner", owner), ("description", description)) if v is not None
+    ]
+    _print_change(result, opts, f"updated {adapter}: {', '.join(changed)}")
 
 
 @admin_command(adapters_app, "push")

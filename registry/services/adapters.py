@@ -1,6 +1,9 @@
-"""Adapters: create, describe (with versions), list with filters; version listing and lookup."""
+"""Adapters: create, update (owner, description, hot), describe (with versions), list with
+filters; version listing and lookup."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -57,8 +60,10 @@ def create_adapter(
     owner: str | None,
     description: str | None,
     actor: str,
+    hot: bool = False,
 ) -> AdapterRecord:
     require_slug(adapter_id, "id")
+    _check_field("hot", hot)
     if base_repo.get(session, base_model) is None:
         raise InvalidRequest(f"base model {base_model!r} is not registered", details={"field": "base_model"})
     if repo.get(session, adapter_id) is not None:
@@ -67,7 +72,12 @@ def create_adapter(
         row = repo.add(
             session,
             AdapterRow(
-                id=adapter_id, base_model=base_model, owner=owner, description=description, status="active"
+                id=adapter_id,
+                base_model=base_model,
+                owner=owner,
+                description=description,
+                status="active",
+                hot=hot,
             ),
         )
     except IntegrityError:
@@ -78,8 +88,53 @@ def create_adapter(
         action="adapter.created",
         subject_type="adapter",
         subject_id=adapter_id,
-        details={"base_model": base_model, "owner": owner},
+        details={"base_model": base_model, "owner": owner, "hot": hot},
     )
+    return AdapterRecord.of(row)
+
+
+UPDATABLE = ("description", "owner", "hot")
+
+
+def _check_field(name: str, value: Any) -> None:
+    if name == "hot":
+        if not isinstance(value, bool):
+            raise InvalidRequest("hot must be a boolean", details={"field": "hot"})
+    elif value is not None and not isinstance(value, str):
+        raise InvalidRequest(f"{name} must be a string or null", details={"field": name})
+    elif name == "owner" and value is not None and len(value) > 255:
+        raise InvalidRequest("owner must be at most 255 characters", details={"field": "owner"})
+
+
+def update_adapter(
+    session: Session, adapter_id: str, changes: dict[str, Any], *, actor: str
+) -> AdapterRecord:
+    """``changes`` holds only the fields the caller sent (any of ``description``, ``owner``,
+    ``hot``). The adapter row is locked first; fields whose value really changes are written, with
+    one ``adapter.updated`` event (``details``: those fields, new values) and a revision bump. A
+    call that changes nothing writes nothing."""
+    for name, value in changes.items():
+        if name not in UPDATABLE:
+            raise InvalidRequest(
+                f"unknown field {name!r} (known: description, owner, hot)", details={"field": name}
+            )
+        _check_field(name, value)
+    row = adapter_row(session, adapter_id, for_update=True)
+    applied: dict[str, Any] = {}
+    for name in UPDATABLE:
+        if name in changes and getattr(row, name) != changes[name]:
+            setattr(row, name, changes[name])
+            applied[name] = changes[name]
+    if applied:
+        repo.flush(session)
+        record_change(
+            session,
+            actor=actor,
+            action="adapter.updated",
+            subject_type="adapter",
+            subject_id=adapter_id,
+            details=applied,
+        )
     return AdapterRecord.of(row)
 
 

@@ -16,10 +16,11 @@ from registry.repositories import state as state_repo
 from registry.repositories.pagination import Page, clamp_limit, decode_cursor, page_of
 from registry.services.records import AuditRecord
 
-# Every action name of SPEC §13.
+# Every action name of SPEC §13, plus ``adapter.updated``.
 ACTIONS = (
     "base_model.created",
     "adapter.created",
+    "adapter.updated",  # not in SPEC §13: PATCH /adapters/{id} (owner, description, hot)
     "version.uploaded",
     "version.promoted",
     "version.canary",

@@ -95,6 +95,7 @@ class AdapterRecord:
     active_version: str | None
     canary_version: str | None
     canary_weight: int | None
+    hot: bool
     created_at: datetime
     versions: list[VersionRecord] | None = None  # only in describe
 
@@ -109,6 +110,7 @@ class AdapterRecord:
             active_version=vname(row.active_version),
             canary_version=vname(row.canary_version),
             canary_weight=row.canary_weight if row.canary_version is not None else None,
+            hot=bool(row.hot),
             created_at=row.created_at,
             versions=[VersionRecord.of(v) for v in versions] if versions is not None else None,
         )

@@ -69,6 +69,7 @@ def load_snapshot(session: Session) -> RoutingSnapshot:
             canary_version=version_name(a.canary_version) if a.canary_version is not None else None,
             canary_weight=a.canary_weight if a.canary_version is not None else None,
             versions=versions.get(a.id, {}),
+            hot=bool(a.hot),
         )
         for a in adapter_rows
     }

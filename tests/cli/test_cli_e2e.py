@@ -171,6 +171,30 @@ def test_adapter_lifecycle(admin_url: str, base_model: str, tmp_path: Path) -> N
     assert res.exit_code == 0 and "adapter.rolled_back" in res.stdout
 
 
+def test_adapter_create_and_update_hot(admin_url: str, base_model: str) -> None:
+    created = cli_json(admin_url, "adapters", "create", "hot-bot", "--base", base_model, "--owner", "ml")
+    assert (created["id"], created["hot"], created["owner"]) == ("hot-bot", False, "ml")
+    res = cli(admin_url, "adapters", "update", "hot-bot", "--hot")
+    assert res.exit_code == 0, res.output
+    assert "updated hot-bot: marked hot" in res.stdout
+    shown = cli_json(admin_url, "adapters", "show", "hot-bot")
+    assert shown["hot"] is True and shown["owner"] == "ml"
+    listed = {a["id"]: a for a in cli_json(admin_url, "adapters", "list")}
+    assert listed["hot-bot"]["hot"] is True
+    res = cli(admin_url, "adapters", "list")
+    assert res.exit_code == 0 and "hot" in res.stdout
+    state = cli_json(admin_url, "adapters", "update", "hot-bot", "--no-hot", "--description", "faq answers")
+    assert (state["hot"], state["description"]) == (False, "faq answers")
+    events = cli_json(
+        admin_url, "adapters", "audit", "--action", "adapter.updated", "--subject-id", "hot-bot"
+    )
+    assert [e["details"] for e in events] == [{"hot": True}, {"description": "faq answers", "hot": False}]
+    warm = cli_json(admin_url, "adapters", "create", "warm-bot", "--base", base_model, "--hot")
+    assert warm["hot"] is True
+    res = cli(admin_url, "adapters", "update", "no-such-bot", "--hot")
+    assert res.exit_code == 1 and res.stderr.startswith("error: 404 adapter_not_found: ")
+
+
 def test_invalid_adapter_push_lists_problems(admin_url: str, base_model: str, tmp_path: Path) -> None:
     bad = write_adapter(tmp_path / "bad", rank=128, config_overrides={"use_dora": True})
     res = cli(admin_url, "adapters", "push", str(bad), "-a", "bad-bot", "--base", base_model)

@@ -283,6 +283,27 @@ def test_tenant_limits_patch_body(api: FakeAPI) -> None:
     assert res.exit_code == 2
 
 
+def test_adapter_update_and_create_bodies(api: FakeAPI) -> None:
+    api.on("PATCH", "/adapters/bot", 200, {**ADAPTER, "id": "bot", "hot": True})
+    res = run_cli(["adapters", "update", "bot", "--hot"])
+    assert res.exit_code == 0, res.output
+    assert api.requests[-1].method == "PATCH" and json.loads(api.bodies[-1]) == {"hot": True}
+    assert "updated bot: marked hot" in res.stdout
+    res = run_cli(["adapters", "update", "bot", "--no-hot", "--description", "[b]x[/]", "--owner", "me"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(api.bodies[-1]) == {"description": "[b]x[/]", "owner": "me", "hot": False}
+    n = len(api.requests)
+    assert run_cli(["adapters", "update", "bot"]).exit_code == 2  # nothing to change
+    assert len(api.requests) == n
+    api.on("POST", "/adapters", 201, {**ADAPTER, "id": "bot", "hot": True})
+    res = run_cli(["adapters", "create", "bot", "--base", "demo-base", "--hot", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(api.bodies[-1]) == {"id": "bot", "base_model": "demo-base", "hot": True}
+    assert json.loads(res.stdout)["hot"] is True
+    run_cli(["adapters", "create", "bot", "--base", "demo-base"])
+    assert json.loads(api.bodies[-1]) == {"id": "bot", "base_model": "demo-base"}
+
+
 def test_tenant_key_prints_key_once_with_warning(api: FakeAPI) -> None:
     api.on(
         "POST",
@@ -418,7 +439,8 @@ def test_groups_are_mounted_in_the_loraplane_cli() -> None:
     for group in ("db", "adapters", "tenants", "base-models"):
         assert group in res.output
     res = CliRunner().invoke(app, ["adapters", "--help"], env={"COLUMNS": "200"})
-    for cmd in ("push", "promote", "rollback", "disable-version", "prewarm", "replicas", "audit"):
+    for cmd in ("create", "update", "push", "promote", "rollback", "disable-version", "prewarm", "replicas",
+                "audit"):  # fmt: skip
         assert cmd in res.output
 
 

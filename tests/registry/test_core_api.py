@@ -169,7 +169,7 @@ def test_records_and_pagination(client: TestClient, factory: Any) -> None:
         rec = r.json()
         assert set(rec) == {
             "id", "base_model", "owner", "description", "status",
-            "active_version", "canary_version", "canary_weight", "created_at",
+            "active_version", "canary_version", "canary_weight", "hot", "created_at",
         }  # fmt: skip
         assert rec["created_at"].endswith("Z") or rec["created_at"].endswith("+00:00")
     seen: list[str] = []
@@ -290,6 +290,7 @@ def test_audit_completeness_and_filters(client: TestClient, factory: Any) -> Non
     client.post(f"{A}/disable")
     client.post(f"{A}/enable")
     client.post(f"{A}/versions/v3/disable")
+    client.patch(A, json={"hot": True})
     client.post(f"{V1}/tenants", json={"id": "acme"})
     client.patch(f"{V1}/tenants/acme", json={"name": "ACME"})
     key_id = client.post(f"{V1}/tenants/acme/keys").json()["key_id"]

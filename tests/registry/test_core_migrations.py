@@ -95,3 +95,64 @@ def test_downgrade_and_upgrade_round_trip(tmp_path: Path) -> None:
     assert migrate.current(url) is None
     migrate.upgrade(url)
     _assert_at_head_without_drift(url)
+
+
+def _hot_column_round_trip(url: str) -> None:
+    """0002 adds ``adapters.hot``: rows that existed before read false, new rows default to false
+    at the database level, and downgrading to 0001 keeps the table's constraints."""
+    import sqlalchemy as sa
+    from alembic import command
+
+    migrate.upgrade(url, "0001")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO base_models (name, hf_id, max_lora_rank, target_modules, created_at) "
+                "VALUES ('b', 'o/b', 8, '[\"q_proj\"]', CURRENT_TIMESTAMP)"
+            ))  # fmt: skip
+            conn.execute(sa.text(
+                "INSERT INTO adapters (id, base_model, status, created_at) "
+                "VALUES ('old', 'b', 'active', CURRENT_TIMESTAMP)"
+            ))  # fmt: skip
+        migrate.upgrade(url)
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO adapters (id, base_model, status, created_at) "
+                "VALUES ('new', 'b', 'active', CURRENT_TIMESTAMP)"
+            ))  # fmt: skip
+            rows = conn.execute(sa.text("SELECT id, hot FROM adapters ORDER BY id")).all()
+        assert [(r[0], bool(r[1])) for r in rows] == [("new", False), ("old", False)]
+        _assert_at_head_without_drift_except_seed(url)
+        command.downgrade(migrate.alembic_config(url), "0001")
+        assert migrate.current(url) == "0001"
+        with engine.connect() as conn:
+            insp = sa.inspect(conn)
+            assert "hot" not in {c["name"] for c in insp.get_columns("adapters")}
+            checks = {c["name"] for c in insp.get_check_constraints("adapters")}
+            assert {"ck_adapters_status", "ck_adapters_canary_weight"} <= checks
+            assert conn.execute(sa.text("SELECT count(*) FROM adapters")).scalar() == 2
+        migrate.upgrade(url)
+        assert migrate.current(url) == migrate.head()
+    finally:
+        engine.dispose()
+
+
+def _assert_at_head_without_drift_except_seed(url: str) -> None:
+    assert migrate.current(url) == migrate.head()
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            assert compare_metadata(ctx, Base.metadata) == []
+    finally:
+        engine.dispose()
+
+
+def test_adapter_hot_migration_sqlite(tmp_path: Path) -> None:
+    _hot_column_round_trip(f"sqlite:///{tmp_path}/hot.db")
+
+
+def test_adapter_hot_migration_postgresql() -> None:
+    with ls.temp_pg_database("hot") as url:
+        _hot_column_round_trip(url)
