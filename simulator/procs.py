@@ -59,8 +59,10 @@ class SimProcess:
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         ready_timeout: float = 20.0,
+        host: str = "127.0.0.1",
     ) -> None:
         self.model = model
+        self.host = host
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
         self.env = dict(env or {})
@@ -72,7 +74,7 @@ class SimProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -83,6 +85,8 @@ class SimProcess:
             sys.executable,
             "-m",
             "simulator",
+            "--host",
+            self.host,
             "--port",
             str(self.port),
             "--model",
