@@ -87,6 +87,7 @@ class Router:
         self._tasks: list[asyncio.Task[None]] = []
         self._running = True
         self._bg: set[asyncio.Task[Any]] = set()
+        self._prewarming: set[tuple[str, str]] = set()  # (replica url, lora_name) being prewarmed
         self._timeout = aiohttp.ClientTimeout(
             total=settings.request_timeout_s, connect=settings.connect_timeout_s
         )
@@ -275,24 +276,72 @@ class Router:
             await self._make_room(rep, version, decision.evict)
         return rep
 
-    async def _make_room(self, rep: ReplicaState, version: VersionInfo, evict: tuple[str, ...]) -> None:
-        """Unload what placement listed; if still at max_adapters, the LRU idle one."""
+    async def _make_room(
+        self,
+        rep: ReplicaState,
+        version: VersionInfo,
+        evict: tuple[str, ...],
+        *,
+        keep_hot_copies: bool = False,
+    ) -> bool:
+        """Unload what placement listed; if still at max_adapters, the LRU idle one.
+
+        A listed victim whose eviction would drop a hot version below its count (see
+        ``Reconciler.keeps_hot_copy``) is swapped for another idle adapter of the replica when
+        there is one; else it is evicted anyway, unless ``keep_hot_copies`` (a hot prewarm):
+        then nothing is evicted and False is returned (no room made)."""
         name = version.lora_name
         if name in rep.residents:
-            return  # already (being) loaded there
+            return True  # already (being) loaded there
         victims = [v for v in evict if v != name]
         present = [r for n, r in rep.residents.items() if r.state != "failed" and n != name]
         if not victims and len(present) >= rep.pool.max_adapters:
             idle = sorted(
-                (r for r in present if r.inflight == 0 and r.state == "resident"), key=lambda r: r.last_used
+                (r for r in present if r.inflight == 0 and r.state == "resident"),
+                key=lambda r: (self._keeps_hot_copy(rep, r.lora_name), r.last_used),
             )
             victims = [r.lora_name for r in idle[: len(present) - rep.pool.max_adapters + 1]]
-        for victim in victims:
+        spared = self._spare_hot_copies(rep, victims, strict=keep_hot_copies)
+        if spared is None:
+            return False
+        if keep_hot_copies:  # a hot prewarm never goes over max_adapters (others may be loading)
+            freed = sum(
+                1 for v in spared if (r := rep.residents.get(v)) and r.state == "resident" and r.inflight == 0
+            )
+            if len(present) - freed >= rep.pool.max_adapters:
+                return False
+        for victim in spared:
             r = rep.residents.get(victim)
             if r is None or r.inflight > 0:
                 continue
             self.metrics.placement.labels(outcome="evict").inc()
             await self.loader.unload(rep, victim, "evict")
+        return True
+
+    def _keeps_hot_copy(self, rep: ReplicaState, lora_name: str) -> bool:
+        rec = self._reconciler
+        return rec is not None and rec.keeps_hot_copy(lora_name, rep.pool.base_model)
+
+    def _spare_hot_copies(self, rep: ReplicaState, victims: list[str], *, strict: bool) -> list[str] | None:
+        """``victims`` with each hot copy that must stay replaced by another idle resident of
+        ``rep`` (least recently used first); None when ``strict`` and one cannot be replaced."""
+        keep = [v for v in victims if self._keeps_hot_copy(rep, v)]
+        if not keep:
+            return victims
+        idle = [r for n, r in rep.residents.items() if r.state == "resident" and r.inflight == 0]
+        spare = sorted(
+            (r for r in idle if r.lora_name not in victims and not self._keeps_hot_copy(rep, r.lora_name)),
+            key=lambda r: r.last_used,
+        )
+        out = [v for v in victims if v not in keep]
+        for v in keep:
+            if spare:
+                out.append(spare.pop(0).lora_name)
+            elif strict:
+                return None
+            else:
+                out.append(v)  # serving this request wins; the reconciler prewarms it again
+        return out
 
     async def _send(
         self, rep: ReplicaState, req: ForwardRequest, cold: bool, queue_s: float
@@ -435,13 +484,29 @@ class Router:
             "replicas": targets,
         }
 
-    async def prewarm(self, info: VersionInfo, replicas: int) -> list[str]:
+    async def prewarm(
+        self,
+        info: VersionInfo,
+        replicas: int,
+        *,
+        exclude: set[str] | frozenset[str] = frozenset(),
+        keep_hot_copies: bool = False,
+    ) -> list[str]:
+        """Have ``info`` on ``replicas`` healthy replicas: those that hold it, then placement's
+        picks (never one in ``exclude``), each loaded in the background. ``keep_hot_copies``: a
+        load that would have to evict a copy a hot version needs is skipped (the reconciler's
+        hot prewarm, so hot adapters never evict each other)."""
         store = self.store
         name = info.lora_name
         reps = [r for r in store.for_base(info.base_model) if r.healthy]
-        have = [r.url for r in reps if name in r.residents and r.residents[name].state != "failed"]
+        have = [
+            r.url
+            for r in reps
+            if (name in r.residents and r.residents[name].state != "failed")
+            or (r.url, name) in self._prewarming
+        ]
         targets = list(have[:replicas])
-        excluded = set(have)
+        excluded = set(have) | set(exclude)
         while len(targets) < replicas:
             cands = [r for r in reps if r.url not in excluded]
             if not cands:
@@ -458,13 +523,25 @@ class Router:
             rep = store.replicas[d.replica]
             excluded.add(rep.url)
             targets.append(rep.url)
-            self._spawn(self._prewarm_one(rep, info, d.evict))
+            self._prewarming.add((rep.url, name))
+            self._spawn(self._prewarm_one(rep, info, d.evict, keep_hot_copies))
         return targets
 
-    async def _prewarm_one(self, rep: ReplicaState, info: VersionInfo, evict: tuple[str, ...]) -> None:
+    async def _prewarm_one(
+        self, rep: ReplicaState, info: VersionInfo, evict: tuple[str, ...], keep_hot_copies: bool = False
+    ) -> None:
         try:
-            await self._make_room(rep, info, evict)
-            await self.loader.start_load(rep, info)
+            try:
+                if not await self._make_room(rep, info, evict, keep_hot_copies=keep_hot_copies):
+                    log.debug(
+                        "hot prewarm skipped: no room without evicting another hot copy",
+                        extra={"replica": rep.url, "lora_name": info.lora_name},
+                    )
+                    return
+                task = self.loader.start_load(rep, info)  # recorded as staging from here on
+            finally:
+                self._prewarming.discard((rep.url, info.lora_name))
+            await task
         except (LoadError, RouterError) as exc:
             log.warning(
                 "prewarm failed", extra={"replica": rep.url, "lora_name": info.lora_name, "error": str(exc)}

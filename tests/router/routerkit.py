@@ -48,7 +48,9 @@ def put_version(
     )
 
 
-def snapshot_of(*versions: VersionInfo, revision: int = 1, disabled: tuple[str, ...] = ()) -> RoutingSnapshot:
+def snapshot_of(
+    *versions: VersionInfo, revision: int = 1, disabled: tuple[str, ...] = (), hot: tuple[str, ...] = ()
+) -> RoutingSnapshot:
     adapters: dict[str, AdapterInfo] = {}
     for v in versions:
         prev = adapters.get(v.adapter_id)
@@ -63,6 +65,7 @@ def snapshot_of(*versions: VersionInfo, revision: int = 1, disabled: tuple[str, 
             canary_version=None,
             canary_weight=None,
             versions=vs,
+            hot=v.adapter_id in hot,
         )
     return RoutingSnapshot(
         revision=revision,
