@@ -7,7 +7,7 @@ that cannot be reached at all raises :class:`AdminUnreachable`. httpx exceptions
 Uploads stream every file of an adapter directory from disk in chunks, as one
 ``multipart/form-data`` body with one part per file, every part named ``files``; the total
 ``Content-Length`` is computed up front, and an optional ``progress(n_bytes)`` callback is
-called as bytes go out.
+called as bytes go out. Text form fields (``quality_gate``) go first, before the files.
 
 Example::
 
@@ -16,6 +16,11 @@ Example::
         admin.create_adapter("support-bot", base_model="demo-base")
         version = admin.upload_version("support-bot", "./my-adapter")
         admin.promote("support-bot", version["version"])
+
+        # with a quality gate: promotion waits for a passing eval (or force=True)
+        v = admin.upload_version("support-bot", "./next", quality_gate="pending")["version"]
+        admin.set_quality_gate("support-bot", v, "passed", details={"accuracy": 0.91})
+        admin.promote("support-bot", v)
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import mimetypes
 import os
 import secrets
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -82,7 +87,8 @@ def adapter_files(directory: str | Path) -> list[Path]:
 
 
 class MultipartUpload:
-    """A streaming ``multipart/form-data`` body of files, all parts named ``files``.
+    """A streaming ``multipart/form-data`` body of files, all parts named ``files``, after the
+    text form ``fields`` (if any; e.g. ``{"quality_gate": "pending"}``).
 
     ``len(upload)`` is the exact body size (for ``Content-Length``); iterating reads each file
     from disk in ``chunk_bytes`` chunks and calls ``progress`` with the file bytes sent.
@@ -95,11 +101,13 @@ class MultipartUpload:
         progress: ProgressCallback | None = None,
         chunk_bytes: int = UPLOAD_CHUNK_BYTES,
         boundary: str | None = None,
+        fields: Mapping[str, str] | None = None,
     ) -> None:
         self.files = files
         self.progress = progress
         self.chunk_bytes = chunk_bytes
         self.boundary = boundary or f"loraplane-{secrets.token_hex(16)}"
+        self._fields = b"".join(self._field_part(k, v) for k, v in (fields or {}).items())
         self._heads = [self._part_head(p) for p in files]
         self._sizes = [p.stat().st_size for p in files]
         self._tail = f"--{self.boundary}--\r\n".encode()
@@ -114,7 +122,14 @@ class MultipartUpload:
         return sum(self._sizes)
 
     def __len__(self) -> int:
-        return sum(len(h) + s + 2 for h, s in zip(self._heads, self._sizes, strict=True)) + len(self._tail)
+        parts = sum(len(h) + s + 2 for h, s in zip(self._heads, self._sizes, strict=True))
+        return len(self._fields) + parts + len(self._tail)
+
+    def _field_part(self, name: str, value: str) -> bytes:
+        safe = name.replace('"', "%22").replace("\r", "").replace("\n", "")
+        return (
+            f'--{self.boundary}\r\nContent-Disposition: form-data; name="{safe}"\r\n\r\n{value}\r\n'
+        ).encode()
 
     def _part_head(self, path: Path) -> bytes:
         name = path.name.replace('"', "%22").replace("\r", "").replace("\n", "")
@@ -126,6 +141,8 @@ class MultipartUpload:
         ).encode()
 
     def __iter__(self) -> Iterator[bytes]:
+        if self._fields:
+            yield self._fields
         for path, head, size in zip(self.files, self._heads, self._sizes, strict=True):
             yield head
             sent = 0
@@ -337,25 +354,39 @@ class AdminClient:
         return self.request("GET", f"/adapters/{_q(adapter_id)}")
 
     def upload_version(
-        self, adapter_id: str, directory: str | Path, *, progress: ProgressCallback | None = None
+        self,
+        adapter_id: str,
+        directory: str | Path,
+        *,
+        progress: ProgressCallback | None = None,
+        quality_gate: str | None = None,
     ) -> JSON:
-        """Upload every regular non-hidden file of ``directory`` as a new version (streamed)."""
-        return self.upload_files(adapter_id, adapter_files(directory), progress=progress)
+        """Upload every regular non-hidden file of ``directory`` as a new version (streamed).
+        ``quality_gate="pending"`` blocks its promotion until a passing result is recorded
+        (:meth:`set_quality_gate`); the server's default is ``skipped``."""
+        return self.upload_files(
+            adapter_id, adapter_files(directory), progress=progress, quality_gate=quality_gate
+        )
 
     def upload_files(
-        self, adapter_id: str, files: list[Path], *, progress: ProgressCallback | None = None
+        self,
+        adapter_id: str,
+        files: list[Path],
+        *,
+        progress: ProgressCallback | None = None,
+        quality_gate: str | None = None,
     ) -> JSON:
-        body = MultipartUpload(files, progress=progress)
+        fields = {"quality_gate": quality_gate} if quality_gate is not None else None
+        body = MultipartUpload(files, progress=progress, fields=fields)
         headers = {"content-type": body.content_type, "content-length": str(len(body))}
         return self.request(
             "POST", f"/adapters/{_q(adapter_id)}/versions", content=iter(body), headers=headers
         )
 
-    def register_version(self, adapter_id: str, source_uri: str) -> JSON:
+    def register_version(self, adapter_id: str, source_uri: str, *, quality_gate: str | None = None) -> JSON:
         """Register a version by reference to an allowed ``s3://bucket/prefix/``."""
-        return self.request(
-            "POST", f"/adapters/{_q(adapter_id)}/versions", json_body={"source_uri": source_uri}
-        )
+        body = _drop_none({"source_uri": source_uri, "quality_gate": quality_gate})
+        return self.request("POST", f"/adapters/{_q(adapter_id)}/versions", json_body=body)
 
     def list_versions(self, adapter_id: str) -> list[JSON]:
         return self._list_all(f"/adapters/{_q(adapter_id)}/versions", {})
@@ -363,10 +394,28 @@ class AdminClient:
     def get_version(self, adapter_id: str, version: str) -> JSON:
         return self.request("GET", f"/adapters/{_q(adapter_id)}/versions/{_q(version)}")
 
-    def promote(self, adapter_id: str, version: str, canary_weight: int | None = None) -> JSON:
-        body = {"canary_weight": canary_weight} if canary_weight is not None else None
+    def promote(
+        self, adapter_id: str, version: str, canary_weight: int | None = None, *, force: bool = False
+    ) -> JSON:
+        """Promote (or with ``canary_weight`` make canary). A version whose quality gate is
+        ``pending``/``failed`` is refused (409) unless ``force=True`` (audited)."""
+        body: dict[str, Any] = {"canary_weight": canary_weight} if canary_weight is not None else {}
+        if force:
+            body["force"] = True
         return self.request(
-            "POST", f"/adapters/{_q(adapter_id)}/versions/{_q(version)}/promote", json_body=body
+            "POST", f"/adapters/{_q(adapter_id)}/versions/{_q(version)}/promote", json_body=body or None
+        )
+
+    def set_quality_gate(
+        self, adapter_id: str, version: str, status: str, details: dict[str, Any] | None = None
+    ) -> JSON:
+        """Record a quality-gate result (``passed`` | ``failed`` | ``pending`` | ``skipped``) with
+        optional ``details`` (a JSON object, e.g. eval scores); returns the version record."""
+        body: dict[str, Any] = {"status": status}
+        if details is not None:
+            body["details"] = details
+        return self.request(
+            "POST", f"/adapters/{_q(adapter_id)}/versions/{_q(version)}/quality-gate", json_body=body
         )
 
     def rollback(self, adapter_id: str) -> JSON:

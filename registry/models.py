@@ -1,7 +1,8 @@
 """ORM models of the registry (SQLAlchemy 2, sync). Rows never leave the ``registry`` package.
 
 Tables: ``base_models``, ``adapters`` (``hot``: marked hot by an operator, kept prewarmed by the
-router, SPEC §8), ``versions``, ``tenants``, ``api_keys``, ``grants``,
+router, SPEC §8), ``versions`` (``quality_gate`` with the ``quality_gate_details`` recorded with
+it, e.g. eval scores), ``tenants``, ``api_keys``, ``grants``,
 ``audit_events`` and the single-row ``registry_state`` (``revision``, bumped by every change).
 
 Version numbers and pointers (``active_version``, ``canary_version``, ``rollback_to``) are stored
@@ -99,6 +100,7 @@ class VersionRow(Base):
     storage_uri: Mapped[str] = mapped_column(sa.String(1024))
     rollback_to: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     quality_gate: Mapped[str] = mapped_column(sa.String(16), default="skipped")
+    quality_gate_details: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, nullable=True)
     created_by: Mapped[str] = mapped_column(sa.String(255))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 

@@ -18,12 +18,13 @@ from registry.api.schemas import (
     BaseModelOut,
     BaseModelPage,
     PromoteBody,
+    QualityGateBody,
     VersionOut,
     VersionPage,
 )
 from registry.services import adapters as adapter_svc
 from registry.services import base_models as base_svc
-from registry.services import lifecycle
+from registry.services import gates, lifecycle
 
 router = APIRouter()
 
@@ -142,13 +143,38 @@ def get_version(request: Request, adapter_id: str, version: str) -> VersionOut:
 def promote(
     request: Request, adapter_id: str, version: str, body: Annotated[PromoteBody | None, Body()] = None
 ) -> AdapterDetailOut:
-    """Make ``version`` active, or with ``canary_weight`` (1–99) the canary with that share."""
+    """Make ``version`` active, or with ``canary_weight`` (1–99) the canary with that share.
+
+    A version whose quality gate is ``pending`` or ``failed`` is refused with 409
+    ``quality_gate_pending`` / ``quality_gate_failed`` unless ``force`` is true (the
+    ``version.promoted`` / ``version.canary`` event then records ``forced_quality_gate``)."""
     weight = body.canary_weight if body is not None else None
+    force = body.force if body is not None else False
     rec = write(
         state_of(request),
-        lambda s: lifecycle.promote(s, adapter_id, version, canary_weight=weight, actor=_actor(request)),
+        lambda s: lifecycle.promote(
+            s, adapter_id, version, canary_weight=weight, force=force, actor=_actor(request)
+        ),
     )
     return AdapterDetailOut.model_validate(rec)
+
+
+@router.post(
+    "/adapters/{adapter_id}/versions/{version}/quality-gate", response_model=VersionOut, tags=["versions"]
+)
+def set_quality_gate(request: Request, adapter_id: str, version: str, body: QualityGateBody) -> VersionOut:
+    """Record a version's quality-gate result (e.g. from CI after an eval run): ``status`` and
+    optional ``details`` (a JSON object such as eval scores; it replaces the previous details).
+    One transaction with a ``version.quality_gate`` audit event (``details``: version, from, to,
+    details); a call that changes nothing writes nothing. Disabled versions can be recorded too.
+    ``pending`` and ``failed`` block promotion; ``passed`` and ``skipped`` allow it."""
+    rec = write(
+        state_of(request),
+        lambda s: gates.set_quality_gate(
+            s, adapter_id, version, body.status, body.details, actor=_actor(request)
+        ),
+    )
+    return VersionOut.model_validate(rec)
 
 
 @router.post("/adapters/{adapter_id}/rollback", response_model=AdapterDetailOut, tags=["lifecycle"])

@@ -1,6 +1,11 @@
 """Route: upload a version (multipart, every part named ``files``) or register one by reference
 (JSON ``{"source_uri": …}`` inside ``LORAPLANE_ALLOWED_SOURCES``).
 
+The quality gate the version starts with (``skipped`` by default, or ``pending``) is the query
+parameter ``quality_gate``, or in the body: a multipart text field ``quality_gate`` / the JSON
+field ``quality_gate``. Giving it twice with different values is a 422; a bad value is a 422
+before anything is kept (a bad multipart field stops the upload while it streams).
+
 Order of events: 404 for an unknown adapter before the body is read; ``registry.ingest``
 streams + validates into a pending upload (a refusal aborts it and consumes no number); then
 one transaction inserts the version (number = max + 1) with its audit event and revision bump,
@@ -14,19 +19,20 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from kit.db import session_scope
 from kit.errors import InvalidRequest, Unavailable
 from registry.api.deps import AdminState, state_of
-from registry.api.schemas import SourceUpload, VersionOut
+from registry.api.schemas import UPLOAD_GATE_DOC, SourceUpload, UploadQualityGate, VersionOut
 from registry.feed import bind_feed, publish_committed
 from registry.services import adapters as adapter_svc
 from registry.services import base_models as base_svc
+from registry.services.gates import DEFAULT_UPLOAD_GATE, check_upload_gate
 from registry.services.records import BaseModelRecord, VersionRecord
 from registry.services.versions import register_version
 
@@ -42,7 +48,12 @@ _UPLOAD_DOC: dict[str, Any] = {
                 "schema": {
                     "type": "object",
                     "properties": {
-                        "files": {"type": "array", "items": {"type": "string", "format": "binary"}}
+                        "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                        "quality_gate": {
+                            "type": "string",
+                            "enum": ["pending", "skipped"],
+                            "description": UPLOAD_GATE_DOC,
+                        },
                     },
                     "required": ["files"],
                 }
@@ -71,7 +82,17 @@ def _spec(base: BaseModelRecord) -> Any:
     )
 
 
-async def _read_source_body(request: Request) -> str:
+def _gate(query: str | None, body: str | None) -> str:
+    """The version's starting gate from the query parameter and/or the body (they must agree)."""
+    if query is not None and body is not None and query != body:
+        raise InvalidRequest(
+            f"quality_gate given twice with different values ({query!r} in the query, {body!r} in the body)",
+            details={"field": "quality_gate"},
+        )
+    return check_upload_gate(body or query or DEFAULT_UPLOAD_GATE)
+
+
+async def _read_source_body(request: Request) -> SourceUpload:
     raw = bytearray()
     async for chunk in request.stream():
         raw.extend(chunk)
@@ -82,14 +103,20 @@ async def _read_source_body(request: Request) -> str:
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("request body is not valid JSON") from None
     try:
-        return SourceUpload.model_validate(data).source_uri
+        return SourceUpload.model_validate(data)
     except ValueError as e:
-        raise InvalidRequest('expected {"source_uri": "s3://bucket/prefix/"}', details=str(e)) from None
+        raise InvalidRequest(
+            'expected {"source_uri": "s3://bucket/prefix/", "quality_gate"?: "pending" | "skipped"}',
+            details=str(e),
+        ) from None
 
 
-def _record(st: AdminState, adapter_id: str, result: Any, actor: str) -> VersionRecord:
+def _record(
+    st: AdminState, adapter_id: str, result: Any, actor: str, gate_query: str | None, gate_body: str | None
+) -> VersionRecord:
     pending = result.pending
     try:
+        quality_gate = _gate(gate_query, gate_body)  # inside: a refusal aborts the pending files
         with session_scope(st.factory) as session:
             bind_feed(session, st.feed)
             rec = register_version(
@@ -101,6 +128,7 @@ def _record(st: AdminState, adapter_id: str, result: Any, actor: str) -> Version
                 files=result.files,
                 storage_uri=pending.storage_uri,
                 actor=actor,
+                quality_gate=quality_gate,
             )
             pending.commit()
     except BaseException:
@@ -117,11 +145,17 @@ def _record(st: AdminState, adapter_id: str, result: Any, actor: str) -> Version
     response_model=VersionOut,
     openapi_extra=_UPLOAD_DOC,
 )
-async def upload_version(request: Request, adapter_id: str) -> JSONResponse:
+async def upload_version(
+    request: Request,
+    adapter_id: str,
+    quality_gate: Annotated[UploadQualityGate | None, Query(description=UPLOAD_GATE_DOC)] = None,
+) -> JSONResponse:
     """Upload the files of a new version (multipart, every part named ``files``, the part's
     filename being the artifact name) or register one by reference (``{"source_uri": …}``).
-    201 with the version record; 422 ``invalid_adapter`` with ``details.problems``; 413 over the
-    size cap."""
+    The version's quality gate starts ``skipped`` unless ``quality_gate=pending`` is given (query
+    parameter, multipart text field or JSON field; if given twice the values must agree).
+    201 with the version record; 422 ``invalid_adapter`` with ``details.problems``; 422
+    ``invalid_request`` for a bad ``quality_gate``; 413 over the size cap."""
     st = state_of(request)
     actor = str(getattr(request.state, "actor", "admin"))
     base = await anyio.to_thread.run_sync(_lookup, st, adapter_id)
@@ -133,6 +167,7 @@ async def upload_version(request: Request, adapter_id: str) -> JSONResponse:
     except ImportError as e:  # the ingest module is not installed in this build
         raise Unavailable("uploads are not available in this build", code="storage_unavailable") from e
 
+    gate_body: str | None = None
     if ctype == "multipart/form-data":
         result = await ingest.ingest_multipart(
             request,
@@ -140,11 +175,15 @@ async def upload_version(request: Request, adapter_id: str) -> JSONResponse:
             adapter_id=adapter_id,
             base=_spec(base),
             max_bytes=st.settings.max_adapter_bytes,
+            fields={"quality_gate": check_upload_gate},
         )
+        gate_body = result.fields.get("quality_gate")
     elif ctype == "application/json" or ctype.endswith("+json"):
-        source_uri = await _read_source_body(request)
+        source = await _read_source_body(request)
+        gate_body = source.quality_gate
+        _gate(quality_gate, gate_body)  # refuse a conflict before copying anything
         result = await ingest.ingest_source(
-            source_uri,
+            source.source_uri,
             allowed_sources=list(st.settings.allowed_sources),
             store=st.store,
             adapter_id=adapter_id,
@@ -156,5 +195,5 @@ async def upload_version(request: Request, adapter_id: str) -> JSONResponse:
             'upload as multipart/form-data (parts named `files`) or JSON {"source_uri": …}',
             details={"content_type": ctype or None},
         )
-    rec = await anyio.to_thread.run_sync(_record, st, adapter_id, result, actor)
+    rec = await anyio.to_thread.run_sync(_record, st, adapter_id, result, actor, quality_gate, gate_body)
     return JSONResponse(status_code=201, content=VersionOut.model_validate(rec).model_dump(mode="json"))

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel as Schema
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+QualityGate = Literal["pending", "passed", "failed", "skipped"]
+UploadQualityGate = Literal["pending", "skipped"]
+
+UPLOAD_GATE_DOC = (
+    "Quality gate the new version starts with: `skipped` (default; promote as usual) or `pending` "
+    "(promotion is refused with 409 `quality_gate_pending` until a `passed` result is recorded "
+    "with POST /adapters/{id}/versions/{v}/quality-gate, or the promote is forced)."
+)
 
 
 class _In(Schema):
@@ -50,7 +59,32 @@ class AdapterPatch(_In):
 
 
 class PromoteBody(_In):
-    canary_weight: StrictInt | None = Field(default=None, ge=1, le=99)
+    canary_weight: StrictInt | None = Field(
+        default=None, ge=1, le=99, description="Make the version the canary with this share (1-99 %)."
+    )
+    force: StrictBool = Field(
+        default=False,
+        description=(
+            "Promote even if the version's quality gate is `pending` or `failed` (else 409 "
+            "`quality_gate_pending` / `quality_gate_failed`); the audit event records "
+            "`forced_quality_gate`."
+        ),
+    )
+
+
+class QualityGateBody(_In):
+    """A quality-gate result, e.g. posted by CI after an eval run."""
+
+    status: QualityGate = Field(
+        description="`passed` and `skipped` allow promotion; `pending` and `failed` block it (unless forced)."
+    )
+    details: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "Optional JSON object recorded with the result (e.g. eval scores, a CI run URL), at most "
+            "64 KiB; replaces the previous details (left out = null)."
+        ),
+    )
 
 
 class LimitsIn(_In):
@@ -83,6 +117,7 @@ class PrewarmBody(_In):
 
 class SourceUpload(_In):
     source_uri: StrictStr = Field(min_length=1)
+    quality_gate: UploadQualityGate | None = Field(default=None, description=UPLOAD_GATE_DOC)
 
 
 # --------------------------------------------------------------------------- responses
@@ -114,7 +149,10 @@ class VersionOut(_Out):
     files: list[FileOut]
     storage_uri: str
     rollback_to: str | None
-    quality_gate: str
+    quality_gate: QualityGate
+    quality_gate_details: dict[str, Any] | None = Field(
+        description="The JSON object recorded with the gate result (e.g. eval scores), or null."
+    )
     created_by: str
     created_at: datetime
 

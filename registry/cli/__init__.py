@@ -2,7 +2,7 @@
 
 - ``db_app``          → ``loraplane db upgrade|current``
 - ``adapters_app``    → ``loraplane adapters create|update|push|register|list|show|versions|promote|
-  rollback|disable|enable|disable-version|prewarm|replicas|audit``
+  gate|rollback|disable|enable|disable-version|prewarm|replicas|audit``
 - ``tenants_app``     → ``loraplane tenants create|list|show|key|revoke|grant|ungrant|limits``
 - ``base_models_app`` → ``loraplane base-models add|list|show``
 

@@ -1,9 +1,11 @@
-"""``loraplane adapters …``: create/update adapters, push versions, list/show,
+"""``loraplane adapters …``: create/update adapters, push versions, list/show, quality gates,
 promote/canary/rollback, kill switches, prewarm, replicas and the audit log — all through the
 admin API."""
 
 from __future__ import annotations
 
+import json
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,6 +44,32 @@ adapters_app = new_group(
 
 AdapterArg = Annotated[str, typer.Argument(help="Adapter id.")]
 VersionArg = Annotated[str, typer.Argument(help="Version, e.g. v3 (or 3).")]
+
+
+class GateStatus(StrEnum):
+    """A quality-gate status (``passed``/``skipped`` allow promotion, ``pending``/``failed`` block it)."""
+
+    passed = "passed"
+    failed = "failed"
+    pending = "pending"
+    skipped = "skipped"
+
+
+class UploadGate(StrEnum):
+    """The quality gate a new version starts with."""
+
+    pending = "pending"
+    skipped = "skipped"
+
+
+QualityGateOpt = Annotated[
+    UploadGate | None,
+    typer.Option(
+        "--quality-gate",
+        help="Start the version's quality gate as 'pending' (promotion waits for `adapters gate "
+        "--status passed`, or --force) or 'skipped' (the server's default).",
+    ),
+]
 
 _ADAPTER_COLUMNS = [
     ("id", field("id")),
@@ -186,6 +214,7 @@ def push(
     description: Annotated[
         str | None, typer.Option("--description", help="Description of a created adapter.")
     ] = None,
+    quality_gate: QualityGateOpt = None,
 ) -> None:
     """Upload every file of DIRECTORY as a new version of the adapter (streamed, with a progress bar)."""
     files = adapter_files(directory)
@@ -206,7 +235,12 @@ def push(
         )
         with progress:
             task = progress.add_task(f"push {adapter} ({len(files)} files)", total=total)
-            version = admin.upload_files(adapter, files, progress=lambda n: progress.advance(task, n))
+            version = admin.upload_files(
+                adapter,
+                files,
+                progress=lambda n: progress.advance(task, n),
+                quality_gate=quality_gate.value if quality_gate is not None else None,
+            )
     _print_version(version, opts, f"uploaded {adapter} {version.get('version')} ({human_bytes(total)})")
 
 
@@ -217,10 +251,12 @@ def register(
     source_uri: Annotated[
         str, typer.Argument(help="s3://bucket/prefix/ inside LORAPLANE_ALLOWED_SOURCES of the registry.")
     ],
+    quality_gate: QualityGateOpt = None,
 ) -> None:
     """Register a new version by reference to files already in an allowed bucket/prefix."""
+    gate = quality_gate.value if quality_gate is not None else None
     with client(opts) as admin:
-        version = admin.register_version(adapter, source_uri)
+        version = admin.register_version(adapter, source_uri, quality_gate=gate)
     _print_version(version, opts, f"registered {adapter} {version.get('version')} from {source_uri}")
 
 
@@ -272,13 +308,69 @@ def promote(
         int | None,
         typer.Option("--canary", min=1, max=99, help="Canary with this share of traffic (1-99 %)."),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Promote even if the version's quality gate is pending or failed (audited).",
+        ),
+    ] = False,
 ) -> None:
-    """Make a version active, or a canary with --canary WEIGHT."""
+    """Make a version active, or a canary with --canary WEIGHT (refused while its quality gate is
+    pending or failed, unless --force)."""
     v = normalise_version(version)
     with client(opts) as admin:
-        result = admin.promote(adapter, v, canary_weight=canary)
+        result = admin.promote(adapter, v, canary_weight=canary, force=force)
     what = f"canary at {canary}%" if canary is not None else "active"
     _print_change(result, opts, f"{adapter} {v} is now {what}")
+
+
+def _details_arg(value: str | None) -> dict[str, Any] | None:
+    """``--details`` as JSON text, or ``@FILE`` holding it; it must be a JSON object."""
+    if value is None:
+        return None
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise typer.BadParameter(
+                f"cannot read {value[1:]}: {exc.strerror}", param_hint="--details"
+            ) from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"not valid JSON: {exc}", param_hint="--details") from None
+    if not isinstance(data, dict):
+        raise typer.BadParameter("must be a JSON object, e.g. '{\"accuracy\": 0.91}'", param_hint="--details")
+    return data
+
+
+@admin_command(adapters_app, "gate")
+def gate(
+    opts: CliOptions,
+    adapter: AdapterArg,
+    version: VersionArg,
+    status: Annotated[
+        GateStatus,
+        typer.Option(
+            "--status", help="passed | failed | pending | skipped (pending and failed block promotion)."
+        ),
+    ],
+    details: Annotated[
+        str | None,
+        typer.Option(
+            "--details",
+            help="JSON object recorded with the result (e.g. eval scores), or @FILE holding one.",
+        ),
+    ] = None,
+) -> None:
+    """Record a version's quality-gate result (e.g. from CI after an eval run)."""
+    v = normalise_version(version)
+    body = _details_arg(details)
+    with client(opts) as admin:
+        result = admin.set_quality_gate(adapter, v, status.value, details=body)
+    _print_version(result, opts, f"{adapter} {v} quality gate: {status.value}")
 
 
 @admin_command(adapters_app, "rollback")

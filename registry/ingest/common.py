@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kit.errors import InvalidAdapter, PayloadTooLarge
@@ -33,6 +33,7 @@ class IngestResult:
     rank: int
     lora_alpha: float
     target_modules: list[str]
+    fields: dict[str, str] = field(default_factory=dict)  # accepted form fields (multipart only)
 
 
 def too_large(max_bytes: int) -> PayloadTooLarge:

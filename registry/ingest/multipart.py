@@ -1,9 +1,15 @@
-"""``ingest_multipart``: stream a multipart/form-data upload into a pending version."""
+"""``ingest_multipart``: stream a multipart/form-data upload into a pending version.
+
+Every file part is named ``files``. The caller may also accept a few small text form fields
+(``fields``: name → parser); such a part is read whole (at most ``MAX_FIELD_BYTES``), decoded as
+UTF-8 and passed to its parser when it ends, which returns the value to keep or raises (422) —
+an upload with a bad field is refused while it streams, and nothing is kept.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +34,9 @@ from registry.validation import (
     check_filename,
 )
 
+MAX_FIELD_BYTES = 1024
+FieldParser = Callable[[str], str]
+
 
 @dataclass
 class _Part:
@@ -35,19 +44,26 @@ class _Part:
     hname: bytearray = field(default_factory=bytearray)
     value: bytearray = field(default_factory=bytearray)
     name: str | None = None  # accepted file name, None when the part is refused
+    form_field: str | None = None  # name of an accepted text field (not a file)
+    text: bytearray = field(default_factory=bytearray)
     writer: FileWriter | None = None
     batch: list[bytes] = field(default_factory=list)
     batch_len: int = 0
 
 
 class _MultipartIngest:
-    def __init__(self, pending: PendingUpload, max_bytes: int) -> None:
+    def __init__(
+        self, pending: PendingUpload, max_bytes: int, field_parsers: Mapping[str, FieldParser] | None = None
+    ) -> None:
         self.pending = pending
+        self.field_parsers = dict(field_parsers or {})
+        self.fields: dict[str, str] = {}
         self.insp = Inspector(max_bytes)
         self.pipe = Pipe()
         self.events: list[tuple[str, Any]] = []
         self.part: _Part | None = None
         self.seen: set[str] = set()
+        self.seen_fields: set[str] = set()
         self.ended = False
         self.parts = 0
 
@@ -102,8 +118,15 @@ class _MultipartIngest:
         if disp != b"form-data":
             p.append(f"multipart part {self.parts} has no 'Content-Disposition: form-data' header")
             return
+        if field_name in self.field_parsers:
+            if field_name in self.seen_fields:
+                raise InvalidRequest(f"form field {field_name!r} sent twice", details={"field": field_name})
+            self.seen_fields.add(field_name)
+            part.form_field = field_name
+            return
         if field_name != "files":
-            p.append(f"multipart part named {field_name!r}: every part must be named 'files'")
+            also = "".join(f" (or be the form field {n!r})" for n in self.field_parsers)
+            p.append(f"multipart part named {field_name!r}: every part must be named 'files'{also}")
             return
         if filename is None:
             p.append(f"multipart part {self.parts} has no filename")
@@ -124,6 +147,14 @@ class _MultipartIngest:
     async def _data(self, chunk: bytes) -> None:
         self.insp.count(len(chunk))
         part = self.part
+        if part is not None and part.form_field is not None:
+            part.text += chunk
+            if len(part.text) > MAX_FIELD_BYTES:
+                raise InvalidRequest(
+                    f"form field {part.form_field!r} is longer than {MAX_FIELD_BYTES} bytes",
+                    details={"field": part.form_field},
+                )
+            return
         if part is None or part.writer is None or part.name is None:
             return  # refused part: counted, not stored
         self.insp.inspect(part.name, chunk)
@@ -140,6 +171,15 @@ class _MultipartIngest:
 
     async def _close_part(self) -> None:
         part, self.part = self.part, None
+        if part is not None and part.form_field is not None:
+            name = part.form_field
+            try:
+                value = bytes(part.text).decode("utf-8")
+            except UnicodeDecodeError:
+                msg = f"form field {name!r} is not UTF-8 text"
+                raise InvalidRequest(msg, details={"field": name}) from None
+            self.fields[name] = self.field_parsers[name](value.strip())
+            return
         if part is None or part.writer is None:
             return
         await self._flush(part)
@@ -147,9 +187,16 @@ class _MultipartIngest:
 
 
 async def ingest_multipart(
-    request: Request, *, store: ArtifactStore, adapter_id: str, base: BaseModelSpec, max_bytes: int
+    request: Request,
+    *,
+    store: ArtifactStore,
+    adapter_id: str,
+    base: BaseModelSpec,
+    max_bytes: int,
+    fields: Mapping[str, FieldParser] | None = None,
 ) -> IngestResult:
-    """Stream a multipart upload into a new pending version and validate it (see module doc)."""
+    """Stream a multipart upload into a new pending version and validate it (see module doc);
+    ``fields`` are the text form fields accepted besides the ``files`` parts."""
     ctype, opts = parse_options_header(request.headers.get("content-type"))
     if ctype != b"multipart/form-data":
         raise InvalidRequest(
@@ -164,7 +211,7 @@ async def ingest_multipart(
         raise too_large(max_bytes)
 
     pending = await asyncio.to_thread(store.begin, adapter_id)
-    ing = _MultipartIngest(pending, max_bytes)
+    ing = _MultipartIngest(pending, max_bytes, fields)
     try:
         parser = MultipartParser(boundary, ing.callbacks())  # type: ignore[arg-type]
         async for chunk in request.stream():
@@ -185,6 +232,7 @@ async def ingest_multipart(
             rank=checked.rank,
             lora_alpha=checked.lora_alpha,
             target_modules=checked.target_modules,
+            fields=dict(ing.fields),
         )
     except ClientDisconnect:
         await abort_pending(pending, ing.pipe)

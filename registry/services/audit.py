@@ -16,7 +16,7 @@ from registry.repositories import state as state_repo
 from registry.repositories.pagination import Page, clamp_limit, decode_cursor, page_of
 from registry.services.records import AuditRecord
 
-# Every action name of SPEC §13, plus ``adapter.updated``.
+# Every action name of SPEC §13, plus ``adapter.updated`` and ``version.quality_gate``.
 ACTIONS = (
     "base_model.created",
     "adapter.created",
@@ -24,6 +24,7 @@ ACTIONS = (
     "version.uploaded",
     "version.promoted",
     "version.canary",
+    "version.quality_gate",  # not in SPEC §13: POST …/versions/{v}/quality-gate (from, to, details)
     "adapter.rolled_back",
     "adapter.disabled",
     "adapter.enabled",

@@ -7,6 +7,10 @@ partial unique indexes would refuse it), and records the change (audit + revisio
 same transaction. Each returns the adapter as described (with its versions).
 
 Version statuses: ``ready`` → ``canary`` / ``active`` → ``retired``; any → ``disabled``.
+
+Promotion respects quality gates (:mod:`registry.services.gates`): a ``pending`` or ``failed``
+version is refused (409 ``quality_gate_pending`` / ``quality_gate_failed``) unless ``force``, and
+a forced promotion records ``forced_quality_gate`` in its audit event. Rollback is not gated.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from registry.models import AdapterRow, VersionRow
 from registry.repositories import adapters as repo
 from registry.services.adapters import adapter_row, parse_version
 from registry.services.audit import record_change
+from registry.services.gates import check_promotable
 from registry.services.records import AdapterRecord
 
 
@@ -85,7 +90,13 @@ class _State:
 
 
 def promote(
-    session: Session, adapter_id: str, version: str, *, canary_weight: int | None = None, actor: str
+    session: Session,
+    adapter_id: str,
+    version: str,
+    *,
+    canary_weight: int | None = None,
+    force: bool = False,
+    actor: str,
 ) -> AdapterRecord:
     st = _State(session, adapter_id)
     target = st.version(version)
@@ -94,13 +105,15 @@ def promote(
         raise Conflict(f"version {name} is disabled and cannot be promoted", code="version_disabled")
     if target.status == "active":
         raise Conflict(f"version {name} is already the active version", code="already_active")
+    if canary_weight is not None and (isinstance(canary_weight, bool) or not 1 <= canary_weight <= 99):
+        raise InvalidRequest(
+            "canary_weight must be an integer from 1 to 99", details={"field": "canary_weight"}
+        )
+    forced = check_promotable(target.quality_gate, name, force=force is True)
+    gate_note = {"forced_quality_gate": forced} if forced is not None else {}
     active = st.with_status("active")
 
     if canary_weight is not None:
-        if isinstance(canary_weight, bool) or not 1 <= canary_weight <= 99:
-            raise InvalidRequest(
-                "canary_weight must be an integer from 1 to 99", details={"field": "canary_weight"}
-            )
         if active is None:
             raise Conflict(
                 f"adapter {adapter_id!r} has no active version to split traffic with",
@@ -120,7 +133,7 @@ def promote(
             action="version.canary",
             subject_type="adapter",
             subject_id=adapter_id,
-            details={"version": name, "canary_weight": canary_weight, "replaced": replaced},
+            details={"version": name, "canary_weight": canary_weight, "replaced": replaced, **gate_note},
         )
         return st.describe()
 
@@ -142,6 +155,7 @@ def promote(
             "version": name,
             "previous": version_name(active.number) if active is not None else None,
             "canary_cleared": cleared,
+            **gate_note,
         },
     )
     return st.describe()

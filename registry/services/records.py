@@ -64,6 +64,7 @@ class VersionRecord:
     storage_uri: str
     rollback_to: str | None
     quality_gate: str
+    quality_gate_details: dict[str, Any] | None
     created_by: str
     created_at: datetime
 
@@ -80,6 +81,9 @@ class VersionRecord:
             storage_uri=row.storage_uri,
             rollback_to=vname(row.rollback_to),
             quality_gate=row.quality_gate,
+            quality_gate_details=(
+                dict(row.quality_gate_details) if row.quality_gate_details is not None else None
+            ),
             created_by=row.created_by,
             created_at=row.created_at,
         )

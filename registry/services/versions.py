@@ -19,6 +19,7 @@ from registry.models import VersionRow
 from registry.repositories import adapters as repo
 from registry.services.adapters import adapter_row
 from registry.services.audit import record_change
+from registry.services.gates import DEFAULT_UPLOAD_GATE, check_upload_gate
 from registry.services.records import VersionRecord
 
 MAX_NUMBER_ATTEMPTS = 5
@@ -40,9 +41,11 @@ def register_version(
     files: Sequence[Any],
     storage_uri: str,
     actor: str,
-    quality_gate: str = "skipped",
+    quality_gate: str = DEFAULT_UPLOAD_GATE,
 ) -> VersionRecord:
-    """Insert version ``v(max+1)`` (status ``ready``) with its audit event, in the caller's transaction."""
+    """Insert version ``v(max+1)`` (status ``ready``, gate ``skipped`` or ``pending``) with its
+    audit event, in the caller's transaction."""
+    check_upload_gate(quality_gate)
     adapter_row(session, adapter_id, for_update=True)
     file_list = [_file_dict(f) for f in files]
     for _attempt in range(MAX_NUMBER_ATTEMPTS):
@@ -77,6 +80,7 @@ def register_version(
                 "version": version_name(number),
                 "files": [{"name": f["name"], "size": f["size"], "sha256": f["sha256"]} for f in file_list],
                 "storage_uri": storage_uri,
+                "quality_gate": quality_gate,
             },
         )
         return VersionRecord.of(row)

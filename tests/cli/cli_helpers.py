@@ -46,7 +46,8 @@ def run_cli(args: Sequence[str], env: dict[str, str] | None = None) -> Result:
 
 
 def parse_multipart(body: bytes, content_type: str) -> list[tuple[str, str, bytes]]:
-    """(field name, filename, content) for each part of a multipart/form-data body."""
+    """(field name, filename, content) for each part of a multipart/form-data body; the filename
+    is "" for a text field (a part without one)."""
     m = re.search(r"boundary=([^;]+)", content_type)
     assert m, content_type
     boundary = m.group(1).encode()
@@ -56,7 +57,7 @@ def parse_multipart(body: bytes, content_type: str) -> list[tuple[str, str, byte
     for part in parts[1:-1]:
         assert part.startswith(b"\r\n") and part.endswith(b"\r\n")
         head, _, content = part[2:-2].partition(b"\r\n\r\n")
-        disp = re.search(rb'name="([^"]*)"; filename="([^"]*)"', head)
+        disp = re.search(rb'name="([^"]*)"(?:; filename="([^"]*)")?\r?(?:\n|$)', head)
         assert disp, head
-        out.append((disp.group(1).decode(), disp.group(2).decode(), content))
+        out.append((disp.group(1).decode(), (disp.group(2) or b"").decode(), content))
     return out

@@ -285,3 +285,61 @@ def test_auth_and_unreachable(admin_url: str, base_model: str) -> None:
     res = run_cli(["base-models", "list", "--url", dead, "--token", TOKEN])
     assert res.exit_code == 2
     assert res.stderr.strip() == f"error: cannot reach the admin API at {dead} (is it running?)"
+
+
+def test_quality_gate_blocks_promotion_until_passed_or_forced(
+    admin_url: str, base_model: str, tmp_path: Path
+) -> None:
+    d = write_adapter(tmp_path / "a", rank=8, seed=3)
+    v1 = cli_json(admin_url, "adapters", "push", str(d), "-a", "gated-bot", "--base", base_model)
+    assert (v1["version"], v1["quality_gate"]) == ("v1", "skipped")
+    assert cli_json(admin_url, "adapters", "promote", "gated-bot", "v1")["active_version"] == "v1"
+    v2 = cli_json(admin_url, "adapters", "push", str(d), "-a", "gated-bot", "--quality-gate", "pending")
+    assert (v2["version"], v2["quality_gate"]) == ("v2", "pending")
+
+    # pending blocks promotion, as canary too; nothing changes
+    for extra in ([], ["--canary", "10"]):
+        res = cli(admin_url, "adapters", "promote", "gated-bot", "v2", *extra)
+        assert res.exit_code == 1
+        assert res.stderr.startswith("error: 409 quality_gate_pending: ")
+        assert len(res.stderr.strip().splitlines()) == 1
+    state = cli_json(admin_url, "adapters", "show", "gated-bot")
+    assert (state["active_version"], state["canary_version"]) == ("v1", None)
+
+    # a failing eval: still blocked, with its own code
+    res = cli(
+        admin_url, "adapters", "gate", "gated-bot", "v2", "--status", "failed", "--details", '{"acc": 0.2}'
+    )
+    assert res.exit_code == 0, res.output
+    assert "gated-bot v2 quality gate: failed" in res.stdout
+    res = cli(admin_url, "adapters", "promote", "gated-bot", "2")
+    assert res.exit_code == 1 and res.stderr.startswith("error: 409 quality_gate_failed: ")
+
+    # a passing eval unblocks it
+    report = tmp_path / "eval.json"
+    report.write_text(json.dumps({"acc": 0.93, "run": "ci-42"}))
+    gated = cli_json(
+        admin_url, "adapters", "gate", "gated-bot", "v2", "--status", "passed", "--details", f"@{report}"
+    )
+    assert (gated["quality_gate"], gated["quality_gate_details"]) == ("passed", {"acc": 0.93, "run": "ci-42"})
+    assert cli_json(admin_url, "adapters", "promote", "gated-bot", "v2")["active_version"] == "v2"
+
+    # --force overrides a pending gate, and the audit log says so
+    v3 = cli_json(admin_url, "adapters", "push", str(d), "-a", "gated-bot", "--quality-gate", "pending")
+    state = cli_json(admin_url, "adapters", "promote", "gated-bot", v3["version"], "--force")
+    assert state["active_version"] == "v3"
+    promoted = cli_json(
+        admin_url, "adapters", "audit", "--action", "version.promoted", "--subject-id", "gated-bot"
+    )
+    assert [e["details"].get("forced_quality_gate") for e in promoted] == [None, None, "pending"]
+    gate_events = cli_json(
+        admin_url, "adapters", "audit", "--action", "version.quality_gate", "--subject-id", "gated-bot"
+    )
+    assert [(e["details"]["from"], e["details"]["to"]) for e in gate_events] == [
+        ("pending", "failed"),
+        ("failed", "passed"),
+    ]
+    # errors: unknown version → 404, bad status refused locally
+    res = cli(admin_url, "adapters", "gate", "gated-bot", "v9", "--status", "passed")
+    assert res.exit_code == 1 and res.stderr.startswith("error: 404 version_not_found: ")
+    assert cli(admin_url, "adapters", "gate", "gated-bot", "v3", "--status", "great").exit_code == 2

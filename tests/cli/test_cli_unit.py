@@ -491,3 +491,120 @@ def test_register_by_reference_sends_source_uri(api: FakeAPI) -> None:
     res = run_cli(["adapters", "register", "bot", "s3://elsewhere/x/"])
     assert res.exit_code == 1
     assert res.stderr.strip() == "error: 422 invalid_request: source_uri is outside LORAPLANE_ALLOWED_SOURCES"
+
+
+VERSION = {
+    "adapter_id": "bot",
+    "version": "v2",
+    "status": "ready",
+    "rank": 4,
+    "lora_alpha": 16,
+    "target_modules": ["q_proj", "v_proj"],
+    "files": [],
+    "storage_uri": "file:///x",
+    "rollback_to": None,
+    "quality_gate": "passed",
+    "quality_gate_details": {"accuracy": 0.91},
+    "created_by": "admin",
+    "created_at": "2026-11-29T08:00:00Z",
+}
+
+
+def test_gate_sends_status_and_details(api: FakeAPI, tmp_path: Path) -> None:
+    api.on("POST", "/adapters/bot/versions/v2/quality-gate", 200, VERSION)
+    res = run_cli(["adapters", "gate", "bot", "2", "--status", "passed", "--details", '{"accuracy": 0.91}'])
+    assert res.exit_code == 0, res.output
+    assert api.requests[-1].url.path == "/admin/v1/adapters/bot/versions/v2/quality-gate"
+    assert json.loads(api.bodies[-1]) == {"status": "passed", "details": {"accuracy": 0.91}}
+    assert "bot v2 quality gate: passed" in res.stdout and "quality_gate_details" in res.stdout
+    # details from a file; none at all; --json prints the version record
+    report = tmp_path / "eval.json"
+    report.write_text(json.dumps({"suite": "support", "scores": {"f1": 0.8}}))
+    res = run_cli(["adapters", "gate", "bot", "v2", "--status", "failed", "--details", f"@{report}"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(api.bodies[-1]) == {
+        "status": "failed",
+        "details": {"suite": "support", "scores": {"f1": 0.8}},
+    }
+    res = run_cli(["adapters", "gate", "bot", "v2", "--status", "pending", "--json"])
+    assert json.loads(api.bodies[-1]) == {"status": "pending"}
+    assert json.loads(res.stdout) == VERSION
+    # refused locally, nothing sent: bad status, missing status, details not a JSON object / unreadable
+    n = len(api.requests)
+    for args in (
+        ["--status", "great"],
+        [],
+        ["--status", "passed", "--details", "[1, 2]"],
+        ["--status", "passed", "--details", "{nope"],
+        ["--status", "passed", "--details", f"@{tmp_path / 'missing.json'}"],
+    ):
+        res = run_cli(["adapters", "gate", "bot", "v2", *args])
+        assert res.exit_code == 2, (args, res.output)
+    assert len(api.requests) == n
+    # an API error is one line, exit 1
+    api.on(
+        "POST",
+        "/adapters/bot/versions/v9/quality-gate",
+        404,
+        {"error": {"code": "version_not_found", "message": "version v9 of adapter 'bot' not found"}},
+    )
+    res = run_cli(["adapters", "gate", "bot", "v9", "--status", "passed"])
+    assert res.exit_code == 1
+    assert res.stderr.strip() == "error: 404 version_not_found: version v9 of adapter 'bot' not found"
+
+
+def test_promote_force_and_gate_refusal(api: FakeAPI) -> None:
+    api.on("POST", "/adapters/bot/versions/v3/promote", 200, {**ADAPTER, "id": "bot", "active_version": "v3"})
+    res = run_cli(["adapters", "promote", "bot", "v3", "--force"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(api.bodies[-1]) == {"force": True}
+    assert "bot v3 is now active" in res.stdout
+    run_cli(["adapters", "promote", "bot", "v3", "--canary", "10", "--force"])
+    assert json.loads(api.bodies[-1]) == {"canary_weight": 10, "force": True}
+    run_cli(["adapters", "promote", "bot", "v3"])
+    assert api.bodies[-1] == b""  # no body, as before
+    message = "version v3 has not passed its quality gate yet: record the result or promote with force"
+    api.on(
+        "POST",
+        "/adapters/bot/versions/v3/promote",
+        409,
+        {
+            "error": {
+                "code": "quality_gate_pending",
+                "message": message,
+                "details": {"quality_gate": "pending"},
+            }
+        },
+    )
+    res = run_cli(["adapters", "promote", "bot", "v3"])
+    assert res.exit_code == 1
+    assert res.stderr.strip() == f"error: 409 quality_gate_pending: {message}"
+
+
+def test_push_and_register_with_quality_gate(api: FakeAPI, tmp_path: Path) -> None:
+    d = write_adapter(tmp_path / "ad", rank=4)
+    api.on("POST", "/adapters/bot/versions", 201, {**VERSION, "quality_gate": "pending"})
+    res = run_cli(["adapters", "push", str(d), "-a", "bot", "--quality-gate", "pending"])
+    assert res.exit_code == 0, res.output
+    upload, body = api.requests[-1], api.bodies[-1]
+    assert int(upload.headers["content-length"]) == len(body)
+    parts = parse_multipart(body, upload.headers["content-type"])
+    assert [(n, f) for n, f, _ in parts] == [
+        ("quality_gate", ""),  # the text field goes first, before the files
+        ("files", "adapter_config.json"),
+        ("files", "adapter_model.safetensors"),
+    ]
+    assert parts[0][2] == b"pending"
+    res = run_cli(["adapters", "push", str(d), "-a", "bot", "--quality-gate", "passed"])
+    assert res.exit_code == 2  # only pending or skipped at upload, refused locally
+    res = run_cli(["adapters", "register", "bot", "s3://models/bot/v4/", "--quality-gate", "pending"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(api.bodies[-1]) == {"source_uri": "s3://models/bot/v4/", "quality_gate": "pending"}
+    # the client without a gate sends no field
+    api.on("POST", "/adapters/bot/versions/v2/quality-gate", 200, VERSION)
+    with AdminClient("http://x", transport=httpx.MockTransport(api)) as admin:
+        admin.upload_version("bot", d)
+        parts = parse_multipart(api.bodies[-1], api.requests[-1].headers["content-type"])
+        assert [n for n, _, _ in parts] == ["files", "files"]
+        admin.set_quality_gate("bot", "v2", "passed", details={"accuracy": 1.0})
+        assert json.loads(api.bodies[-1]) == {"status": "passed", "details": {"accuracy": 1.0}}

@@ -200,7 +200,7 @@ def test_records_and_pagination(client: TestClient, factory: Any) -> None:
     v = client.get(f"{V1}/adapters/a-001/versions/v2").json()
     assert set(v) == {
         "adapter_id", "version", "status", "rank", "lora_alpha", "target_modules", "files",
-        "storage_uri", "rollback_to", "quality_gate", "created_by", "created_at",
+        "storage_uri", "rollback_to", "quality_gate", "quality_gate_details", "created_by", "created_at",
     }  # fmt: skip
     assert v["files"][0] == {"name": "adapter_config.json", "size": 10, "sha256": f"{1:064x}"}
     p1 = client.get(f"{V1}/adapters/a-001/versions", params={"limit": 2}).json()
@@ -291,6 +291,7 @@ def test_audit_completeness_and_filters(client: TestClient, factory: Any) -> Non
     client.post(f"{A}/enable")
     client.post(f"{A}/versions/v3/disable")
     client.patch(A, json={"hot": True})
+    client.post(f"{A}/versions/v2/quality-gate", json={"status": "passed", "details": {"acc": 0.9}})
     client.post(f"{V1}/tenants", json={"id": "acme"})
     client.patch(f"{V1}/tenants/acme", json={"name": "ACME"})
     key_id = client.post(f"{V1}/tenants/acme/keys").json()["key_id"]

@@ -156,3 +156,71 @@ def test_adapter_hot_migration_sqlite(tmp_path: Path) -> None:
 def test_adapter_hot_migration_postgresql() -> None:
     with ls.temp_pg_database("hot") as url:
         _hot_column_round_trip(url)
+
+
+def _gate_details_round_trip(url: str) -> None:
+    """0003 adds ``versions.quality_gate_details``: versions that existed before read null, a JSON
+    object round-trips, and downgrading to 0002 keeps the rows, constraints and partial indexes."""
+    import sqlalchemy as sa
+    from alembic import command
+
+    from registry.models import VersionRow
+
+    migrate.upgrade(url, "0002")
+    engine = make_engine(url)
+    version_cols = (
+        "adapter_id, number, status, rank, lora_alpha, target_modules, files, storage_uri, "
+        "quality_gate, created_by, created_at"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO base_models (name, hf_id, max_lora_rank, target_modules, created_at) "
+                "VALUES ('b', 'o/b', 8, '[\"q_proj\"]', CURRENT_TIMESTAMP)"
+            ))  # fmt: skip
+            conn.execute(sa.text(
+                "INSERT INTO adapters (id, base_model, status, created_at) "
+                "VALUES ('a', 'b', 'active', CURRENT_TIMESTAMP)"
+            ))  # fmt: skip
+            conn.execute(sa.text(
+                f"INSERT INTO versions ({version_cols}) VALUES ('a', 1, 'active', 8, 16.0, "
+                "'[\"q_proj\"]', '[]', 'file:///x/', 'pending', 't', CURRENT_TIMESTAMP)"
+            ))  # fmt: skip
+        migrate.upgrade(url, "0003")
+        scores = {"accuracy": 0.91, "suite": "evals", "cases": [1, 2]}
+        with engine.begin() as conn:
+            assert conn.execute(sa.text("SELECT quality_gate_details FROM versions")).scalar() is None
+            conn.execute(
+                sa.update(VersionRow.__table__)
+                .where(VersionRow.__table__.c.number == 1)
+                .values(quality_gate="passed", quality_gate_details=scores)
+            )
+            got = conn.execute(sa.select(VersionRow.__table__.c.quality_gate_details)).scalar()
+        assert got == scores
+        _assert_at_head_without_drift_except_seed(url)
+        command.downgrade(migrate.alembic_config(url), "0002")
+        assert migrate.current(url) == "0002"
+        with engine.connect() as conn:
+            insp = sa.inspect(conn)
+            assert "quality_gate_details" not in {c["name"] for c in insp.get_columns("versions")}
+            checks = {c["name"] for c in insp.get_check_constraints("versions")}
+            assert {"ck_versions_status", "ck_versions_quality_gate"} <= checks
+            indexes = {i["name"] for i in insp.get_indexes("versions")}
+            assert {"uq_versions_one_active", "uq_versions_one_canary"} <= indexes
+            row = conn.execute(sa.text("SELECT number, status, quality_gate FROM versions")).one()
+            assert tuple(row) == (1, "active", "passed")
+        migrate.upgrade(url)
+        assert migrate.current(url) == migrate.head()
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT quality_gate_details FROM versions")).scalar() is None
+    finally:
+        engine.dispose()
+
+
+def test_quality_gate_details_migration_sqlite(tmp_path: Path) -> None:
+    _gate_details_round_trip(f"sqlite:///{tmp_path}/gate.db")
+
+
+def test_quality_gate_details_migration_postgresql() -> None:
+    with ls.temp_pg_database("gate") as url:
+        _gate_details_round_trip(url)
