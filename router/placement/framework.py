@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass
+from operator import attrgetter
 from typing import ClassVar
 
 from router.placement.types import Action, Decision, PlacementRequest, ReplicaView, Resident, Scores
@@ -31,14 +31,29 @@ OCCUPYING = frozenset({"staging", "loading", "resident", "unloading"})
 # States meaning "the adapter is there or about to be": requests can be sent (the loader joins).
 PRESENT = frozenset({"staging", "loading", "resident"})
 
+_LRU_KEY = attrgetter("last_used", "lora_name")  # idle LRU order: oldest first, ties by name
+_LAST_USED = attrgetter("last_used")
 
-@dataclass(frozen=True, slots=True)
+
 class Summary:
-    """Facts about one replica snapshot derived from its residents (memoised per view)."""
+    """Facts about one replica snapshot derived from its residents (memoised per view; read-only)."""
+
+    __slots__ = (
+        "_idle",
+        "_idle_lru",
+        "cap",
+        "free",
+        "full",
+        "load",
+        "lru_last_used",
+        "occupied",
+        "room",
+        "running",
+        "takes_new",
+    )
 
     occupied: int  # residents holding a registration slot (OCCUPYING states)
     running: int  # distinct adapters with router in-flight requests (the running set)
-    idle_lru: tuple[Resident, ...]  # resident adapters with no in-flight request, oldest first
     load: float  # load_fraction(view)
     free: bool  # occupied < max_adapters: one more adapter fits without eviction
     room: float  # running-set score of an adapter not running there (see RunningSetScorer)
@@ -46,6 +61,48 @@ class Summary:
     full: bool  # running >= max_loras: a new adapter would be deferred
     takes_new: bool  # a new adapter can be registered (free slot, or enough idle to evict)
     cap: int  # max_num_seqs (≥ 1)
+
+    def __init__(
+        self,
+        occupied: int,
+        running: int,
+        idle: list[Resident],
+        load: float,
+        free: bool,
+        room: float,
+        lru_last_used: float | None,
+        full: bool,
+        takes_new: bool,
+        cap: int,
+    ) -> None:
+        self.occupied = occupied
+        self.running = running
+        self._idle = idle  # idle residents, unordered (sorted on first use of idle_lru)
+        self._idle_lru: tuple[Resident, ...] | None = None
+        self.load = load
+        self.free = free
+        self.room = room
+        self.lru_last_used = lru_last_used
+        self.full = full
+        self.takes_new = takes_new
+        self.cap = cap
+
+    @property
+    def idle_lru(self) -> tuple[Resident, ...]:
+        """Resident adapters with no in-flight request, oldest first (ties: by name).
+
+        Sorted on first use: only the chosen replica of an eviction needs the order."""
+        lru = self._idle_lru
+        if lru is None:
+            lru = self._idle_lru = tuple(sorted(self._idle, key=_LRU_KEY))
+        return lru
+
+    def __repr__(self) -> str:
+        return (
+            f"Summary(occupied={self.occupied}, running={self.running}, idle={len(self._idle)}, "
+            f"load={self.load}, free={self.free}, room={self.room}, lru_last_used={self.lru_last_used}, "
+            f"full={self.full}, takes_new={self.takes_new}, cap={self.cap})"
+        )
 
 
 def summary(view: ReplicaView) -> Summary:
@@ -56,33 +113,38 @@ def summary(view: ReplicaView) -> Summary:
     occupied = 0
     running = 0
     idle: list[Resident] = []
+    occupying = OCCUPYING
     for r in view.residents.values():
-        if r.state in OCCUPYING:
+        if r.state in occupying:
             occupied += 1
         if r.inflight > 0:
             running += 1
         elif r.state == "resident":
             idle.append(r)
-    idle.sort(key=_lru_key)
     m = view.max_loras
+    ma = view.max_adapters
+    cap = view.max_num_seqs if view.max_num_seqs > 0 else 1
+    f = (view.inflight + view.waiting) / cap  # load_fraction(view), inlined
+    lru: float | None = None  # idle_lru[0].last_used without sorting: the min of a total order
+    if idle:
+        lru = min(map(_LAST_USED, idle))
+        total = sum(map(_LAST_USED, idle))
+        if total != total:  # a NaN among them: no total order, take the sorted order's first
+            lru = sorted(idle, key=_LRU_KEY)[0].last_used
     s = Summary(
-        occupied=occupied,
-        running=running,
-        idle_lru=tuple(idle),
-        load=load_fraction(view),
-        free=occupied < view.max_adapters,
-        room=(0.7 + 0.2 * (1.0 - running / m)) if running < m else 0.4 / (1 + running - m),
-        lru_last_used=idle[0].last_used if idle else None,
-        full=running >= m,
-        takes_new=occupied < view.max_adapters or len(idle) >= occupied - view.max_adapters + 1,
-        cap=view.max_num_seqs if view.max_num_seqs > 0 else 1,
+        occupied,
+        running,
+        idle,
+        1.0 if f > 1.0 else f,
+        occupied < ma,
+        (0.7 + 0.2 * (1.0 - running / m)) if running < m else 0.4 / (1 + running - m),
+        lru,
+        running >= m,
+        occupied < ma or len(idle) >= occupied - ma + 1,
+        cap,
     )
     view.derived["summary"] = s
     return s
-
-
-def _lru_key(r: Resident) -> tuple[float, str]:
-    return (r.last_used, r.lora_name)
 
 
 def load_fraction(view: ReplicaView) -> float:

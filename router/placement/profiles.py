@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
+from router.placement.evictors import HotCopyEvictor
 from router.placement.filters import FILTERS, CanHostFilter, ExcludeFilter, HealthyFilter
-from router.placement.framework import Evictor, Filter, PickContext, Picker, SchedulerProfile, Scorer
+from router.placement.framework import Filter, Picker, SchedulerProfile, Scorer
+from router.placement.fused import DefaultProfile
 from router.placement.pickers import (
     PICKERS,
     MaxScorePicker,
@@ -41,43 +43,6 @@ from router.placement.scorers import (
     ResidencyAffinityScorer,
     RunningSetScorer,
 )
-
-
-class HotCopyEvictor(Evictor):
-    """LRU idle eviction that keeps copies of adapters still in demand (replication hysteresis).
-
-    An idle resident whose adapter has, summed over all replicas, in-flight ≥ ``low_water`` ×
-    max_num_seqs (a copy of a hot adapter that is momentarily idle here) is passed over while
-    enough colder idle adapters exist. At most ``scan`` idle candidates are examined.
-    """
-
-    name: ClassVar[str] = "lru-idle-keep-hot"
-
-    def __init__(self, low_water: float = 0.05, scan: int = 8) -> None:
-        self.low_water = low_water
-        self.scan = scan
-
-    def victims(self, ctx: PickContext, index: int, need: int) -> tuple[str, ...] | None:
-        view = ctx.replicas[index]
-        idle = ctx.sums[index].idle_lru
-        if len(idle) < need:
-            return None
-        cap = view.max_num_seqs if view.max_num_seqs > 0 else 1
-        chosen: list[str] = []
-        kept: list[str] = []
-        for r in idle[: self.scan]:
-            if len(chosen) == need:
-                break
-            name = r.lora_name
-            demand = sum([o.inflight for v in ctx.all_replicas if (o := v.residents.get(name)) is not None])
-            if demand / cap >= self.low_water:
-                kept.append(r.lora_name)
-            else:
-                chosen.append(r.lora_name)
-        if len(chosen) < need:  # not enough cold ones: fall back to plain LRU order
-            rest = [r.lora_name for r in idle if r.lora_name not in chosen]
-            chosen.extend(rest[: need - len(chosen)])
-        return tuple(chosen)
 
 
 def _filters() -> list[Filter]:
@@ -113,7 +78,7 @@ def default_profile(
         (FreeSlotScorer(idle_horizon_s), w["free-slot"]),
         (LoadScorer(), w["load"]),
     ]
-    return SchedulerProfile(
+    return DefaultProfile(
         "default", _filters(), scorers, MaxScorePicker(), HotCopyEvictor(low_water=low_water)
     )
 

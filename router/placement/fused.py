@@ -1,0 +1,401 @@
+"""Fused fast path of the ``default`` profile: the same decisions as its generic pipeline.
+
+:class:`DefaultProfile` is a :class:`SchedulerProfile` whose ``pick`` — when its pipeline is
+exactly healthy → exclude → can-host, resident-affinity + running-set + free-slot + load with
+finite positive weights, max-score — computes the decision without the generic stages:
+
+* Per view (memoised in ``ReplicaView.derived`` under a key naming the weights and the
+  free-slot horizon, next to the :func:`summary`), a :class:`_Row` holds what does not depend
+  on the request: whether the replica passes healthy + can-host for an adapter it does not hold,
+  and that replica's weighted total for such an adapter — ``((w1·0 + w2·room) + w3·free) +
+  w4·(1 − load)``, the generic ``_weighted_sum`` order — for every ``now`` at or after a
+  threshold (``sat``: from then on the free-slot score of its LRU idle adapter is the constant
+  0.6; before it, the total is computed from ``now``); and the base-model total.
+* Per pick: one comprehension reads every replica's row total (``-inf`` marks a replica the
+  filters drop); the few replicas holding the requested adapter get the exact generic scores
+  (resident-affinity needs all holders at once); excluded URLs are set to ``-inf``; the pick is
+  the first index within 1e-9 of the maximum (``MaxScorePicker``'s rule); action and eviction
+  are derived as in ``SchedulerProfile._decide``; ``Decision.scores`` lists the same candidates
+  with the same totals (built only when read).
+
+Whatever the fast path does not cover — another pipeline (a weight set to 0, a different
+scorer, filter or picker), or no candidate left (the generic path names the filter that emptied
+the list) — runs the generic ``SchedulerProfile.pick``. ``tests/router/test_placement_fastpath.py``
+checks decision-for-decision equality with the generic pipeline on random clusters.
+Plugin parameters are read at each pick as the generic scorers read them (the idle horizon,
+which the memo depends on, is checked); replacing ``filters``/``scorers``/``picker`` after
+construction turns the fast path off; any ``evictor`` works (those that look only at the chosen
+replica get a one-candidate context, others the generic pipeline's full one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+from router.placement.evictors import HotCopyEvictor
+from router.placement.filters import CanHostFilter, ExcludeFilter, HealthyFilter
+from router.placement.framework import (
+    PRESENT,
+    Evictor,
+    Filter,
+    PickContext,
+    Picker,
+    SchedulerProfile,
+    Scorer,
+    Summary,
+    summary,
+)
+from router.placement.pickers import _EPS, MaxScorePicker
+from router.placement.scorers import FreeSlotScorer, LoadScorer, ResidencyAffinityScorer, RunningSetScorer
+from router.placement.types import Action, Decision, PlacementRequest, ReplicaView, Resident, Scores
+
+_NEG = -math.inf  # total of a replica the filters drop
+_INF = math.inf
+
+_FILTER_TYPES = (HealthyFilter, ExcludeFilter, CanHostFilter)
+_SCORER_TYPES = (ResidencyAffinityScorer, RunningSetScorer, FreeSlotScorer, LoadScorer)
+# Evictors that read only the chosen replica (``ctx.replicas[index]``, ``ctx.sums[index]``) and
+# ``ctx.all_replicas``: the fast path hands them a one-candidate context. Others get the full one.
+_CHOSEN_ONLY_EVICTORS: tuple[type[Evictor], ...] = (Evictor, HotCopyEvictor)
+
+
+class _Row:
+    """Request-independent facts of one view for one (weights, idle horizon) — see module doc."""
+
+    __slots__ = ("b", "base", "d", "s", "sat", "t", "x")
+
+    def __init__(
+        self,
+        s: Summary | None,
+        t: float,
+        sat: float,
+        b: float,
+        d: float,
+        x: float | None,
+        base: float,
+    ) -> None:
+        self.s = s  # the view's summary (None for an unhealthy view: not needed)
+        self.t = t  # total for an adapter not held there when now >= sat; -inf: dropped
+        self.sat = sat  # see t; -inf when the total does not depend on now
+        self.b = b  # w1·0 + w2·room
+        self.d = d  # w4·(1 − load)
+        self.x = x  # lru_last_used (None: nothing idle)
+        self.base = base  # total of a base-model request; -inf: dropped (unhealthy)
+
+
+class _CandidateScores(Scores):
+    """``Decision.scores`` of the fast path: url → total of the replicas whose total is finite
+    (the candidates left by the filters), built into a dict only when read."""
+
+    __slots__ = ("_views",)
+
+    def __init__(self, views: Sequence[ReplicaView], totals: Sequence[float]) -> None:
+        super().__init__((), totals)
+        self._views = views
+
+    def _dict(self) -> dict[str, float]:
+        d = self._d
+        if d is None:
+            d = self._d = {v.url: t for v, t in zip(self._views, self._totals, strict=True) if t != _NEG}
+        return d
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        return len(self._dict())
+
+
+def _threshold(x: float, h: float) -> float:
+    """A ``now`` from which ``(now − x) / h >= 1`` holds (that predicate is monotone in ``now``):
+    the first float at or above ``x + h`` where it does; +inf when none is found nearby."""
+    t = x + h
+    if not math.isfinite(t):
+        return _INF
+    for _ in range(64):
+        if (t - x) / h >= 1.0:
+            return t
+        t = math.nextafter(t, _INF)
+    return _INF
+
+
+class DefaultProfile(SchedulerProfile):
+    """The ``default`` profile with the fused fast path (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        filters: Sequence[Filter],
+        scorers: Sequence[tuple[Scorer, float]],
+        picker: Picker,
+        evictor: Evictor | None = None,
+    ) -> None:
+        super().__init__(name, filters, scorers, picker, evictor)
+        self.fused = True  # False: always the generic pipeline (comparisons, benchmarks)
+        self._plan = self._make_plan()
+
+    def _make_plan(self) -> tuple[object, ...] | None:
+        """What the fast path relies on, or None when the pipeline is not the default one."""
+        if tuple(type(f) for f in self.filters) != _FILTER_TYPES:
+            return None
+        if tuple(type(s) for s, _ in self.scorers) != _SCORER_TYPES:
+            return None
+        if type(self.picker) is not MaxScorePicker:
+            return None
+        if not all(math.isfinite(w) and w > 0.0 for w in self._weights):
+            return None
+        free_slot = self.scorers[2][0]
+        assert isinstance(free_slot, FreeSlotScorer)
+        h = free_slot.idle_horizon_s
+        if not (math.isfinite(h) and h > 0.0):
+            return None
+        w1, w2, w3, w4 = self._weights
+        self._w = (w1, w2, w3, w4)
+        self._h = h
+        # One memo per (weights, horizon): profiles with the same parameters share it.
+        self._key = f"fused-default:{w1!r}:{w2!r}:{w3!r}:{w4!r}:{h!r}"
+        return (self.filters, self.scorers, self.picker, h)
+
+    def _planned(self) -> bool:
+        plan = self._plan
+        if plan is None or not self.fused:
+            return False
+        filters, scorers, picker, h = plan
+        return (
+            self.filters is filters
+            and self.scorers is scorers
+            and self.picker is picker
+            and self.scorers[2][0].idle_horizon_s == h  # type: ignore[attr-defined]
+        )
+
+    # ------------------------------------------------------------------ per-view memo
+
+    def _row(self, v: ReplicaView) -> _Row:
+        w1, w2, w3, w4 = self._w
+        if not v.healthy:
+            r = _Row(None, _NEG, _NEG, 0.0, 0.0, None, _NEG)
+        else:
+            s = v.derived.get("summary") or summary(v)
+            b = w1 * 0.0 + w2 * s.room
+            d = w4 * (1.0 - s.load)
+            base = w1 * 0.0 + w2 * 1.0 + w3 * 1.0 + d
+            x = s.lru_last_used
+            if not s.takes_new:
+                r = _Row(s, _NEG, _NEG, b, d, x, base)
+            elif s.free:
+                r = _Row(s, b + w3 * 1.0 + d, _NEG, b, d, x, base)
+            else:  # full but takes a new adapter by evicting: something is idle (x is not None)
+                assert x is not None
+                r = _Row(s, b + w3 * 0.6 + d, _threshold(x, self._h), b, d, x, base)
+        v.derived[self._key] = r
+        return r
+
+    def _free_slot(self, s: Summary, now: float) -> float:
+        """FreeSlotScorer's score of a replica for an adapter not present there."""
+        if s.free:
+            return 1.0
+        x = s.lru_last_used
+        if x is None:
+            return 0.0
+        f = (now - x) / self._h
+        return 0.6 if f >= 1.0 else (0.1 + 0.5 * f if f > 0.0 else 0.1)
+
+    def _slow(self, r: _Row, now: float) -> float:
+        """A row's total when ``now < r.sat`` (also when ``now`` is NaN): computed from ``now``
+        for a row whose free-slot score depends on it, else the row's constant total."""
+        x = r.x
+        if r.sat == _NEG or x is None:
+            return r.t
+        f = (now - x) / self._h
+        return r.b + self._w[2] * (0.6 if f >= 1.0 else (0.1 + 0.5 * f if f > 0.0 else 0.1)) + r.d
+
+    # ------------------------------------------------------------------ pick
+
+    def pick(self, request: PlacementRequest, replicas: list[ReplicaView], now: float) -> Decision:
+        if not replicas or not self._planned():
+            return super().pick(request, replicas, now)
+        key = self._key
+        row = self._row
+        name = request.lora_name
+        if name is None:
+            totals = [(v.derived.get(key) or row(v)).base for v in replicas]
+        else:
+            slow = self._slow
+            totals = [
+                r.t if now >= (r := v.derived.get(key) or row(v)).sat else slow(r, now) for v in replicas
+            ]
+        ex = request.exclude
+        if ex:
+            for i, v in enumerate(replicas):
+                if v.url in ex:
+                    totals[i] = _NEG
+        held: list[int] = []
+        elsewhere = False
+        if name is not None:
+            held = [i for i, v in enumerate(replicas) if name in v.residents]
+            if held:
+                elsewhere = self._score_holders(name, ex, replicas, held, totals, now)
+        top = max(totals)
+        if top == _NEG:  # no candidate: the generic path names the filter that emptied the list
+            return super().pick(request, replicas, now)
+        index = totals.index(top)
+        floor = top - _EPS  # MaxScorePicker: ties within _EPS of the top → the first one wins
+        if index and max(totals[:index]) >= floor:
+            index = next(i for i, t in enumerate(totals) if t >= floor)
+        return self._fused_decide(request, replicas, now, totals, index, elsewhere)
+
+    def _score_holders(
+        self,
+        name: str,
+        ex: frozenset[str],
+        replicas: list[ReplicaView],
+        held: list[int],
+        totals: list[float],
+        now: float,
+    ) -> bool:
+        """Set the totals of the replicas holding ``name`` (indices ``held``) exactly as the
+        generic pipeline scores them (-inf where a filter drops one); return whether any replica
+        of the snapshot has it ``resident`` (load vs replicate)."""
+        present = PRESENT
+        key = self._key
+        aff = self.scorers[0][0]
+        assert isinstance(aff, ResidencyAffinityScorer)
+        hw, ah = aff.high_water, aff.adapter_high
+        w1, w2, w3, _ = self._w
+        # w1·a for the affinities of the "spread" case (the usual one): saturated copies 0.3, the
+        # others 1.0 (resident) / 0.9 (joining a load); w2·1.0 for an adapter in flight there.
+        w_sat, w_res, w_join, w_run, w_c = w1 * 0.3, w1 * 1.0, w1 * 0.9, w2 * 1.0, w3 * 1.0
+        elsewhere = False
+        # Candidate holders (healthy, not excluded, and present there or able to take it), in
+        # order, with resident-affinity's saturation (saturated_for(), as the scorer inlines it).
+        # Totals are those of the spread case, fixed below in the others. The weighted sum keeps
+        # _weighted_sum's order: ((w1·a + w2·b) + w3·c) + w4·d, with r.b = w1·0 + w2·room =
+        # w2·room and r.d = w4·(1 − load) computed once per view.
+        tg: dict[int, tuple[Resident, _Row]] = {}  # candidate holders where A is present
+        free: list[int] = []
+        saturated: list[int] = []
+        demand = 0
+        for i in held:
+            v = replicas[i]
+            t = v.residents[name]
+            st = t.state
+            if st == "resident":
+                elsewhere = True
+            r = v.derived[key]
+            s = r.s
+            if s is None or (ex and v.url in ex):  # unhealthy (no summary) or excluded
+                totals[i] = _NEG
+            elif st in present:
+                f = t.inflight
+                demand += f
+                tg[i] = (t, r)
+                if s.load >= hw or ((f / s.cap >= ah) if f else s.full):
+                    saturated.append(i)
+                    totals[i] = w_sat + (w_run if f > 0 else r.b) + w_c + r.d
+                else:
+                    free.append(i)
+                    w = w_res if st == "resident" else w_join
+                    totals[i] = w + (w_run if f > 0 else r.b) + w_c + r.d
+            elif s.takes_new:  # failed/unloading there: affinity 0, free-slot as for any replica
+                b = 1.0 if t.inflight > 0 else s.room
+                totals[i] = w1 * 0.0 + w2 * b + w3 * self._free_slot(s, now) + r.d
+            else:
+                totals[i] = _NEG
+        if not tg:
+            return elsewhere
+        a: dict[int, float]  # affinities that differ from the spread case
+        if not free:
+            a = dict.fromkeys(saturated, 0.0)
+            if not self._other_unsaturated(replicas, held, totals, hw):
+                a = dict.fromkeys(saturated, 1.0)  # every replica saturated: stay
+        elif len(free) + len(saturated) > 1 and demand / tg[free[0]][1].s.cap < aff.low_water:  # type: ignore[union-attr]
+            # Consolidate on the primary copy: most in-flight, then most recently used.
+            primary = max((tg[i][0].inflight, tg[i][0].last_used, -i) for i in free + saturated)
+            p = -primary[2]
+            a = dict.fromkeys(free, 0.6)
+            if p in free:
+                a[p] = 1.0 if tg[p][0].state == "resident" else 0.9
+        else:
+            return elsewhere
+        for i, aa in a.items():
+            t, r = tg[i]
+            totals[i] = w1 * aa + (w_run if t.inflight > 0 else r.b) + w_c + r.d
+        return elsewhere
+
+    def _other_unsaturated(
+        self, replicas: list[ReplicaView], held: list[int], totals: list[float], hw: float
+    ) -> bool:
+        """Some candidate not holding the adapter is not saturated (then replicate)."""
+        holders = set(held)
+        key = self._key
+        for i, t in enumerate(totals):
+            if t == _NEG or i in holders:
+                continue
+            s = replicas[i].derived[key].s
+            if not (s.load >= hw or s.full):
+                return True
+        return False
+
+    def _fused_decide(
+        self,
+        request: PlacementRequest,
+        replicas: list[ReplicaView],
+        now: float,
+        totals: list[float],
+        index: int,
+        elsewhere: bool,
+    ) -> Decision:
+        """``SchedulerProfile._decide`` for the fast path (index into ``replicas``)."""
+        view = replicas[index]
+        scores = _CandidateScores(tuple(replicas), totals)
+        name = request.lora_name
+        if name is None:
+            return Decision(replica=view.url, action="hit", scores=scores, reason="base model")
+        target = view.residents.get(name)
+        if target is not None and target.state in PRESENT:
+            reason = "resident" if target.state == "resident" else f"joining {target.state}"
+            return Decision(replica=view.url, action="hit", scores=scores, reason=reason)
+        action: Action = "replicate" if elsewhere else "load"
+        s = view.derived[self._key].s
+        need = s.occupied - view.max_adapters + 1
+        evict: tuple[str, ...] = ()
+        if need > 0:
+            victims = self._victims(request, replicas, now, totals, index, target, s, need)
+            if victims is None:  # only reachable without the capacity filter
+                return Decision(
+                    replica=None,
+                    action="none",
+                    scores=scores,
+                    reason=f"{view.url} is at max_adapters with no idle adapter to evict",
+                )
+            evict = victims
+        reason = f"{action}; evict {','.join(evict)}" if evict else action
+        return Decision(replica=view.url, action=action, evict=evict, scores=scores, reason=reason)
+
+    def _victims(
+        self,
+        request: PlacementRequest,
+        replicas: list[ReplicaView],
+        now: float,
+        totals: list[float],
+        index: int,
+        target: Resident | None,
+        s: Summary,
+        need: int,
+    ) -> tuple[str, ...] | None:
+        """The evictor's answer with the context the generic pipeline would give it."""
+        if type(self.evictor) in _CHOSEN_ONLY_EVICTORS:
+            ctx = PickContext.__new__(PickContext)
+            ctx.request = request
+            ctx.all_replicas = replicas
+            ctx.replicas = [replicas[index]]
+            ctx.now = now
+            ctx.held = {0: target} if target is not None else {}
+            ctx._sums = [s]
+            return self.evictor.victims(ctx, 0, need)
+        keep = [i for i, t in enumerate(totals) if t != _NEG]
+        ctx = PickContext(request, replicas, now)
+        if len(keep) != len(replicas):
+            ctx.narrow(keep)
+        return self.evictor.victims(ctx, keep.index(index), need)
