@@ -48,7 +48,7 @@ from router.placement.types import Decision, PlacementRequest, Profile
 from router.reconciler import Reconciler
 from router.settings import RouterSettings
 from router.staging import AgentStager, LocalStager, ReadableStore, Stager
-from router.store import ReplicaState, ReplicaStore, cancel_all
+from router.store import ReplicaState, ReplicaStore, cancel_all, views
 
 log = logging.getLogger("loraplane.router")
 
@@ -265,7 +265,7 @@ class Router:
             max_tokens=max_tokens if isinstance(max_tokens, int) else 0,
             exclude=frozenset(excluded),
         )
-        decision: Decision = self.profile.pick(preq, [r.view() for r in reps], self._clock())
+        decision: Decision = self.profile.pick(preq, views(reps), self._clock())
         if decision.replica is None:
             raise NoCapacity(f"no capacity for {req.client_model}: {decision.reason or 'all replicas busy'}")
         rep = store.replicas.get(decision.replica)
@@ -517,7 +517,7 @@ class Router:
                 size_bytes=info.total_bytes,
                 exclude=frozenset(excluded),
             )
-            d = self.profile.pick(preq, [r.view() for r in cands], self._clock())
+            d = self.profile.pick(preq, views(cands), self._clock())
             if d.replica is None or d.replica not in store.replicas:
                 break
             rep = store.replicas[d.replica]

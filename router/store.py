@@ -68,11 +68,93 @@ class Residency:
     inflight: int = 0
     size_bytes: int = 0
     reason: str = ""
+    # The replica whose ``residents`` holds this record (set on insertion): any change of a
+    # field drops that replica's cached view.
+    owner: ReplicaState | None = field(default=None, repr=False, compare=False)
+    _snap: Resident | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name != "owner" and name != "_snap":
+            object.__setattr__(self, "_snap", None)
+            owner = getattr(self, "owner", None)  # unset while __init__ runs
+            if owner is not None:
+                object.__setattr__(owner, "_view", None)
+
+    def snapshot(self) -> Resident:
+        """The placement layer's immutable copy of this record (cached until a field changes)."""
+        snap = self._snap
+        if snap is None:
+            snap = Resident(
+                lora_name=self.lora_name,
+                adapter_id=self.adapter_id,
+                state=self.state,
+                last_used=self.last_used,
+                inflight=self.inflight,
+                size_bytes=self.size_bytes,
+            )
+            object.__setattr__(self, "_snap", snap)
+        return snap
+
+
+class Residents(dict[str, Residency]):
+    """A replica's residency records; every change drops the replica's cached view."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: ReplicaState) -> None:
+        super().__init__()
+        self._owner = owner
+
+    def _changed(self) -> None:
+        object.__setattr__(self._owner, "_view", None)
+
+    def __setitem__(self, name: str, r: Residency) -> None:
+        r.owner = self._owner
+        super().__setitem__(name, r)
+        self._changed()
+
+    def __delitem__(self, name: str) -> None:
+        super().__delitem__(name)
+        self._changed()
+
+    def pop(self, name: str, *default: Any) -> Any:  # type: ignore[override]
+        out = super().pop(name, *default)
+        self._changed()
+        return out
+
+    def popitem(self) -> tuple[str, Residency]:
+        out = super().popitem()
+        self._changed()
+        return out
+
+    def clear(self) -> None:
+        super().clear()
+        self._changed()
+
+    def setdefault(self, name: str, default: Residency) -> Residency:  # type: ignore[override]
+        if name not in self:
+            self[name] = default
+        return self[name]
+
+    def update(self, *args: Any, **kw: Any) -> None:
+        for name, r in dict(*args, **kw).items():
+            self[name] = r
+
+
+# ReplicaState fields a ReplicaView is built from: setting one drops the cached view.
+_VIEW_FIELDS = frozenset({"healthy", "metrics", "residents", "inflight", "pool", "url"})
 
 
 @dataclass(slots=True)
 class ReplicaState:
-    """Mutable state of one replica; only the store and the router runtime change it."""
+    """Mutable state of one replica; only the store and the router runtime change it.
+
+    ``view()`` is cached until something it is built from changes (a field in ``_VIEW_FIELDS``, a
+    residency record or the ``residents`` mapping), so a placement decision over many replicas
+    copies only the replicas that changed since the last one (and placement's per-view memos of
+    derived facts survive between decisions).
+    """
 
     url: str
     pool: PoolConfig
@@ -87,25 +169,29 @@ class ReplicaState:
     inflight: int = 0
     poll_started_wall: float = 0.0  # wall time the last completed poll asked its questions
     polled: asyncio.Event = field(default_factory=asyncio.Event)
+    _view: ReplicaView | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "residents" and not isinstance(value, Residents):
+            rs = Residents(self)
+            rs.update(value)
+            value = rs
+        object.__setattr__(self, name, value)
+        if name in _VIEW_FIELDS:
+            object.__setattr__(self, "_view", None)
 
     @property
     def host(self) -> str:
         return urlsplit(self.url).hostname or "127.0.0.1"
 
     def view(self) -> ReplicaView:
-        residents = {
-            n: Resident(
-                lora_name=n,
-                adapter_id=r.adapter_id,
-                state=r.state,
-                last_used=r.last_used,
-                inflight=r.inflight,
-                size_bytes=r.size_bytes,
-            )
-            for n, r in self.residents.items()
-        }
+        """An immutable snapshot for placement (cached until the state changes)."""
+        cached = self._view
+        if cached is not None:
+            return cached
+        residents = {n: r.snapshot() for n, r in self.residents.items()}
         m = self.metrics
-        return ReplicaView(
+        view = ReplicaView(
             url=self.url,
             pool=self.pool.name,
             healthy=self.healthy,
@@ -119,6 +205,13 @@ class ReplicaState:
             lora_running=m.lora_running,
             lora_waiting=m.lora_waiting,
         )
+        object.__setattr__(self, "_view", view)
+        return view
+
+
+def views(replicas: list[ReplicaState]) -> list[ReplicaView]:
+    """The placement views of ``replicas`` (cached ones as they are; rebuilt where stale)."""
+    return [r._view or r.view() for r in replicas]
 
 
 class ReplicaStore:
