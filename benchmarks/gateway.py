@@ -13,7 +13,11 @@ generous rpm/tpm; ``--adapters`` adapters made resident before measuring. LiteLL
 Load: an aiohttp client, closed loop, ``--concurrency`` connections for ``--duration`` seconds,
 chat completions round-robin over the adapters, non-streaming and streaming. Reported per
 target: req/s, p50/p99 latency, the p50/p99 added over direct, and time to first streamed
-byte (and its p50 added over direct). Writes ``benchmarks/results/gateway.json``.
+byte (and its p50 added over direct), and the CPU the answering process spent per request
+(utime + stime from ``/proc/<pid>/stat`` before and after each row, over every request that
+row completed, warm-up included: the replica for "direct", the gateway process, the LiteLLM
+worker with its child processes), which stays comparable when other jobs load the machine.
+Writes ``benchmarks/results/gateway.json``.
 
     .venv/bin/python benchmarks/gateway.py [--concurrency 1,32,128] [--duration 5] [--skip-litellm]
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -63,6 +68,23 @@ async def user_api_key_auth(request: Request, api_key: str) -> UserAPIKeyAuth:
         raise Exception("invalid key")
     return UserAPIKeyAuth(api_key=key, user_id=KEYS[key], rpm_limit=10_000_000, tpm_limit=10_000_000_000)
 """
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` and its descendants still alive (Linux /proc), in seconds."""
+    total = 0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in task.read_text().split()]
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def log(msg: str) -> None:
@@ -145,9 +167,10 @@ async def run_load(
     t_measure = t_start + warmup
     t_end = t_measure + duration
     counter = 0
+    completed = 0  # every answer, warm-up included (for the CPU per request)
 
     async def worker(session: aiohttp.ClientSession, wid: int) -> None:
-        nonlocal errors, counter
+        nonlocal errors, counter, completed
         i = wid
         while True:
             now = time.perf_counter()
@@ -169,6 +192,7 @@ async def run_load(
             except (aiohttp.ClientError, TimeoutError):
                 ok = False
             t1 = time.perf_counter()
+            completed += 1
             if t0 >= t_measure and t1 <= t_end:
                 if ok:
                     lat.append(t1 - t0)
@@ -188,6 +212,7 @@ async def run_load(
 
     return {
         "requests": counter,
+        "completed": completed,
         "errors": errors,
         "rps": round(counter / duration, 1),
         "p50_ms": pct(lat, 0.50),
@@ -346,14 +371,17 @@ def fmt(v: Any) -> str:
 
 
 async def measure(
-    targets: dict[str, tuple[str, str, list[str]]], concs: list[int], duration: float
+    targets: dict[str, tuple[str, str, list[str], int]], concs: list[int], duration: float
 ) -> list[dict[str, Any]]:
     rows = []
     for stream in (False, True):
         for c in concs:
             base: dict[str, Any] | None = None
-            for name, (url, key, models) in targets.items():
+            for name, (url, key, models, pid) in targets.items():
+                cpu0 = cpu_seconds(pid)
                 res = await run_load(url, key, models, concurrency=c, duration=duration, stream=stream)
+                cpu = cpu_seconds(pid) - cpu0
+                res["cpu_ms_per_req"] = round(cpu * 1000 / res["completed"], 3) if res["completed"] else None
                 row = {"target": name, "stream": stream, "concurrency": c, **res}
                 if name == "direct":
                     base = res
@@ -365,7 +393,8 @@ async def measure(
                 log(
                     f"{'stream' if stream else 'plain '} c={c:<4} {name:<8} {res['rps']:>8} req/s"
                     f"  p50 {fmt(res['p50_ms'])} ms  p99 {fmt(res['p99_ms'])} ms"
-                    f"  ttfb {fmt(res['ttfb_p50_ms'])} ms  errors {res['errors']}"
+                    f"  ttfb {fmt(res['ttfb_p50_ms'])} ms  cpu {fmt(res['cpu_ms_per_req'])} ms/req"
+                    f"  errors {res['errors']}"
                 )
                 rows.append(row)
     return rows
@@ -393,15 +422,17 @@ def main() -> None:
         ps, gw_url, key, models = setup_platform(work, sim_url, args.adapters, args.limiter)
         procs += ps
         mapping = lora_names(sim_url)
-        targets: dict[str, tuple[str, str, list[str]]] = {
-            "direct": (f"{sim_url}/v1/chat/completions", "none", [mapping[m] for m in models]),
-            "gateway": (f"{gw_url}/v1/chat/completions", key, models),
+        sim_pid = sims[0].pid
+        assert sim_pid is not None
+        targets: dict[str, tuple[str, str, list[str], int]] = {
+            "direct": (f"{sim_url}/v1/chat/completions", "none", [mapping[m] for m in models], sim_pid),
+            "gateway": (f"{gw_url}/v1/chat/completions", key, models, ps[0].pid),
         }
         if exe is not None:
             log("starting LiteLLM (one worker) …")
             lproc, lurl = start_litellm(exe, work, sim_url, {m: mapping[m] for m in models})
             procs.append(lproc)
-            targets["litellm"] = (f"{lurl}/v1/chat/completions", "sk-bench-tenant", models)
+            targets["litellm"] = (f"{lurl}/v1/chat/completions", "sk-bench-tenant", models, lproc.pid)
         rows = asyncio.run(measure(targets, concs, args.duration))
     finally:
         for p in procs:
@@ -416,10 +447,14 @@ def main() -> None:
                 "throughput_ratio_gateway_over_litellm": round(g["rps"] / lt["rps"], 2),
                 "added_p50_ms_gateway": g.get("added_p50_ms"),
                 "added_p50_ms_litellm": lt.get("added_p50_ms"),
+                "cpu_ms_per_req_gateway": g.get("cpu_ms_per_req"),
+                "cpu_ms_per_req_litellm": lt.get("cpu_ms_per_req"),
             }
         gs = by.get(("gateway", True, c))
         if gs:
             summary.setdefault(f"c{c}", {})["added_ttfb_p50_ms_gateway"] = gs.get("added_ttfb_p50_ms")
+        if g and "cpu_ms_per_req_gateway" not in summary.get(f"c{c}", {}):
+            summary.setdefault(f"c{c}", {})["cpu_ms_per_req_gateway"] = g.get("cpu_ms_per_req")
     out = {
         "benchmark": "gateway",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -439,13 +474,13 @@ def main() -> None:
     print()
     print(
         f"{'mode':<7}{'conc':>5}  {'target':<8}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'+p99':>8}"
-        f"{'ttfb':>8}{'+ttfb':>8}"
+        f"{'ttfb':>8}{'+ttfb':>8}{'cpu ms/req':>12}"
     )
     for r in rows:
         print(
             f"{'stream' if r['stream'] else 'plain':<7}{r['concurrency']:>5}  {r['target']:<8}{r['rps']:>9}"
             f"{fmt(r['p50_ms']):>9}{fmt(r['p99_ms']):>9}{fmt(r.get('added_p50_ms')):>8}{fmt(r.get('added_p99_ms')):>8}"
-            f"{fmt(r['ttfb_p50_ms']):>8}{fmt(r.get('added_ttfb_p50_ms')):>8}"
+            f"{fmt(r['ttfb_p50_ms']):>8}{fmt(r.get('added_ttfb_p50_ms')):>8}{fmt(r.get('cpu_ms_per_req')):>12}"
         )
     print(f"\nsummary: {json.dumps(summary)}\nwrote {args.out}")
     shutil.rmtree(work, ignore_errors=True)

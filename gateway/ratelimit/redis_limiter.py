@@ -5,15 +5,21 @@ every bucket's level, checks every limit, and only when all pass writes all of t
 buckets as hashes ``{t: tokens, ts: seconds}`` with a short expiry; concurrency as a sorted
 set of lease ids scored by their safety expiry). A second script settles: corrects the tpm
 buckets and removes the lease. Redis errors become :class:`LimiterUnavailable`.
+
+The scripts go through an :class:`~gateway.ratelimit.autopipe.AutoPipeline`: concurrent
+admissions and settlements share one round trip on one connection (each still its own atomic
+``EVALSHA``, with its own reply or error), and no caller waits longer than ``timeout_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
+from gateway.ratelimit.autopipe import AutoPipeline, RoundTripError
 from gateway.ratelimit.base import (
     AdmissionPlan,
     AdmitResult,
@@ -123,15 +129,18 @@ class RedisLimiter:
         self._prefix = prefix + "rl:"
         self._lease_s = lease_s
         self._timeout = timeout_s
-        self._admit = _Script(redis, ADMIT_LUA)
-        self._settle = _Script(redis, SETTLE_LUA)
+        self._pipe = AutoPipeline(redis, timeout_s=timeout_s)
+        self._admit = _sha(ADMIT_LUA)
+        self._settle = _sha(SETTLE_LUA)
+        self._pipe.register_script(self._admit, ADMIT_LUA)
+        self._pipe.register_script(self._settle, SETTLE_LUA)
 
-    async def _run(self, script: _Script, keys: list[str], args: list[str | int | float]) -> list[object]:
+    async def _run(self, sha: str, keys: list[str], args: list[str | int | float]) -> list[object]:
         try:
-            async with asyncio.timeout(self._timeout):
-                return await script(keys, args)
+            return list(await self._pipe.execute("EVALSHA", sha, len(keys), *keys, *args))
         except (RedisError, OSError, TimeoutError) as e:
-            raise LimiterUnavailable(f"rate-limit store unreachable: {type(e).__name__}: {e}") from e
+            what = str(e) if isinstance(e, RoundTripError) else f"{type(e).__name__}: {e}"
+            raise LimiterUnavailable(f"rate-limit store unreachable: {what}") from e
 
     async def _call(self, plan: AdmissionPlan, lease_id: str, dry: bool) -> list[object]:
         keys = [self._prefix + b.key for b in plan.buckets]
@@ -203,6 +212,7 @@ class RedisLimiter:
             return False
 
     async def close(self) -> None:
+        await self._pipe.aclose()
         await self._r.aclose()
 
 
@@ -210,20 +220,5 @@ def _s(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-class _Script:
-    """EVALSHA with a fallback to SCRIPT LOAD when Redis lost its script cache."""
-
-    def __init__(self, redis: aioredis.Redis, source: str) -> None:
-        import hashlib
-
-        self._r = redis
-        self._src = source
-        self._sha = hashlib.sha1(source.encode()).hexdigest()
-
-    async def __call__(self, keys: list[str], args: list[str | int | float]) -> list[object]:
-        try:
-            res = await self._r.evalsha(self._sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await self._r.script_load(self._src)
-            res = await self._r.evalsha(self._sha, len(keys), *keys, *args)
-        return list(res)
+def _sha(source: str) -> str:
+    return hashlib.sha1(source.encode()).hexdigest()

@@ -158,8 +158,8 @@ async def test_slot_released_on_client_disconnect_mid_stream(
             json={"model": "demo-base:alpha", "messages": [{"role": "user", "content": "x"}], "stream": True},
         ) as r:
             assert r.status_code == 200
-            async for _ in r.aiter_bytes():
-                break
+            chunks = r.aiter_bytes()  # held: a dropped iterator is closed (and so the connection)
+            await chunks.__anext__()
             assert await held_slots(e) == 1
         # the client went away mid-stream: slot freed and upstream closed, well before the 10 s stream ends
         for _ in range(50):
