@@ -35,6 +35,7 @@ from gateway.ratelimit import (
 from gateway.ratelimit.base import new_id
 from gateway.resolve import Resolution, resolve
 from gateway.service import Gateway
+from kit.logs import log_record
 from registry.snapshot import RoutingSnapshot, TenantInfo
 from router.contract import ForwardRequest, ForwardResult, RouterError
 
@@ -104,6 +105,9 @@ class GatewayApp:
                 except Exception as e:  # reported to the server, which exits
                     await send({"type": "lifespan.startup.failed", "message": f"{type(e).__name__}: {e}"})
                     return
+                from gateway.serving import settle_heap
+
+                settle_heap()  # a serving process from here on: GC tuned for it
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
                 if self.manage_lifecycle:
@@ -271,14 +275,26 @@ class GatewayApp:
 
     async def _forward(self, fwd: ForwardRequest, res: Resolution) -> ForwardResult:
         gw = self.gw
+        # asyncio.timeout(request_timeout_s) without its context-manager object: one loop timer
+        # that cancels this task, and that one cancellation turned into the 504.
+        task = asyncio.current_task()
+        assert task is not None
+        cancelling = task.cancelling()
+        expired: list[bool] = []
+        timer = asyncio.get_running_loop().call_later(gw.settings.request_timeout_s, _expire, task, expired)
         try:
             with gw.cold.enter(res.version):
-                async with asyncio.timeout(gw.settings.request_timeout_s):
-                    result = await gw.router.forward(fwd)
+                result = await gw.router.forward(fwd)
         except RouterError as e:
             raise GatewayError(e.status, e.code, e.message, retry_after=e.retry_after) from None
         except TimeoutError:
             raise GatewayError(504, "upstream_timeout", "The replica did not answer in time.") from None
+        except asyncio.CancelledError:
+            if expired and task.uncancel() <= cancelling:
+                raise GatewayError(504, "upstream_timeout", "The replica did not answer in time.") from None
+            raise
+        finally:
+            timer.cancel()
         if res.version is not None:
             gw.cold.seen(res.version)
         if result.cold_load and res.version is not None:
@@ -408,9 +424,11 @@ class GatewayApp:
                 s.prompt_tokens.inc(ctx.prompt_tokens)
                 s.completion_tokens.inc(ctx.completion_tokens or 0)
         if log.isEnabledFor(logging.INFO):
-            log.info(
+            log_record(
+                log,
+                logging.INFO,
                 "request",
-                extra={
+                {
                     "request_id": ctx.request_id.decode(),
                     "endpoint": ctx.endpoint,
                     "tenant": ctx.tenant or None,
@@ -500,6 +518,11 @@ def list_models(snap: RoutingSnapshot, tenant: TenantInfo) -> dict[str, Any]:
             }
         )
     return {"object": "list", "data": data}
+
+
+def _expire(task: asyncio.Task[Any], expired: list[bool]) -> None:
+    expired.append(True)
+    task.cancel()
 
 
 def _content_type(result: ForwardResult) -> bytes:

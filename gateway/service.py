@@ -12,6 +12,7 @@ import inspect
 import logging
 import random
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from gateway.auth import Authenticator
@@ -24,6 +25,8 @@ from registry.snapshot import VersionInfo
 from router.contract import ForwardRequest, ForwardResult
 
 log = logging.getLogger("loraplane.gateway")
+
+_NOTHING: AbstractContextManager[None] = contextlib.nullcontext()
 
 
 class RouterLike(Protocol):
@@ -50,8 +53,10 @@ class ColdLoadGate:
     def _cold(self, version: VersionInfo) -> bool:
         name = version.lora_name
         if self._is_resident is not None:
-            with contextlib.suppress(Exception):
+            try:
                 return not self._is_resident(name)
+            except Exception:  # a broken residency check: fall back to what this process saw
+                pass
         return name not in self._warm
 
     def seen(self, version: VersionInfo) -> None:
@@ -60,11 +65,14 @@ class ColdLoadGate:
             self._warm.clear()
         self._warm.add(version.lora_name)
 
-    @contextlib.contextmanager
-    def enter(self, version: VersionInfo | None) -> Iterator[None]:
+    def enter(self, version: VersionInfo | None) -> AbstractContextManager[None]:
+        """Context of one request for ``version``: counted while the version is cold."""
         if version is None or not self._cold(version):
-            yield
-            return
+            return _NOTHING
+        return self._waiting(version)
+
+    @contextlib.contextmanager
+    def _waiting(self, version: VersionInfo) -> Iterator[None]:
         aid = version.adapter_id
         n = self.waiting.get(aid, 0)
         if n >= self.cap:

@@ -5,11 +5,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 from collections.abc import Generator
 from typing import Any, Literal
 
 import uvicorn
+
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def settle_heap() -> None:
+    """Once a serving process has started: collect, then freeze what is left (gc.freeze) and raise
+    the young generation's threshold to ``GC_YOUNG_THRESHOLD`` allocations.
+
+    The ~150k objects of a started gateway (modules, settings, routing snapshot, clients) are
+    long-lived, yet every full collection walked them all: ~80 ms pauses, ~5% of the CPU at full
+    load; and with the default threshold of 700 the young generation was collected every few
+    requests although per-request objects are freed by reference counting (the cyclic collector
+    finds next to nothing). Frozen objects are still freed when their references go; only cycles
+    among them would no longer be collected.
+    """
+    gc.collect()
+    gc.freeze()
+    young, *older = gc.get_threshold()
+    gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), *older)
 
 
 class QuietServer(uvicorn.Server):

@@ -74,6 +74,7 @@ class Router:
         self._prefix = settings.redis_prefix
         self._clock = clock
         self.metrics = router_metrics(registry)
+        self._placement_counters: dict[str, Any] = {}
         if profile is None:
             from router.placement import profile_from_config
 
@@ -271,7 +272,11 @@ class Router:
         rep = store.replicas.get(decision.replica)
         if rep is None:
             raise NoCapacity("placement chose an unknown replica")
-        self.metrics.placement.labels(outcome=decision.action if decision.action != "none" else "hit").inc()
+        outcome = decision.action if decision.action != "none" else "hit"
+        counter = self._placement_counters.get(outcome)
+        if counter is None:  # the labelled child, looked up once per outcome (labels() is slow)
+            counter = self._placement_counters[outcome] = self.metrics.placement.labels(outcome=outcome)
+        counter.inc()
         if version is not None and decision.action in ("load", "replicate"):
             await self._make_room(rep, version, decision.evict)
         return rep
