@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -40,6 +40,22 @@ class RoundTripError(RedisError):
 
 def pack(args: tuple[Arg, ...]) -> bytes:
     """One command in RESP (an array of bulk strings), encoded as redis-py encodes arguments."""
+    # Fast path: ASCII str/int/float arguments (the limiter's), built as one str then encoded.
+    parts = [f"*{len(args)}\r\n"]
+    for a in args:
+        t = type(a)
+        if t is str:
+            s = cast(str, a)
+        elif t is int or t is float:
+            s = repr(a)
+        else:
+            return _pack_bytes(args)
+        parts.append(f"${len(s)}\r\n{s}\r\n")
+    out = "".join(parts)
+    return out.encode() if out.isascii() else _pack_bytes(args)
+
+
+def _pack_bytes(args: tuple[Arg, ...]) -> bytes:
     out = [b"*%d\r\n" % len(args)]
     for a in args:
         if isinstance(a, bytes):
@@ -80,7 +96,6 @@ class AutoPipeline:
         self._queue: deque[_Call] = deque()
         self._worker: asyncio.Task[None] | None = None
         self._conn: Any = None  # redis.asyncio.connection.AbstractConnection, made on first use
-        self._closed = False
         self.round_trips = 0  # batches sent (tests, metrics)
 
     def register_script(self, sha: str, source: str) -> None:
@@ -91,8 +106,6 @@ class AutoPipeline:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
-        if self._closed:
-            raise RoundTripError("the rate-limit pipeline is closed")
         fut = loop.create_future()
         self._queue.append(_Call(pack(args), fut, loop.time()))
         if self._worker is None:
@@ -212,12 +225,12 @@ class AutoPipeline:
                 await conn.disconnect(nowait=True)
 
     async def aclose(self) -> None:
-        self._closed = True
+        """Fail the calls in flight or queued and close the connection. Like a redis-py client,
+        the pipeline stays usable: a later call connects again."""
         worker, self._worker = self._worker, None
         if worker is not None and not worker.done():
             worker.cancel()
-            with contextlib.suppress(BaseException):
-                await worker
+            await asyncio.gather(worker, return_exceptions=True)
         while self._queue:
             c = self._queue.popleft()
             if not c.fut.done():

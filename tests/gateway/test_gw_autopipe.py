@@ -34,9 +34,20 @@ async def limiter(redis_url: str, redis_prefix: str) -> AsyncIterator[RedisLimit
 
 
 def test_pack_encodes_like_redis_py() -> None:
+    from enum import StrEnum
+
+    class Word(StrEnum):
+        GET = "GET"
+
     conn = Connection()
-    args = ("EVALSHA", "abc", 2, "k:é", b"raw\r\n", 900.0, -3, 0.1)
-    assert pack(args) == b"".join(conn.pack_command(*args))
+    cases = [
+        ("EVALSHA", "abc", 2, "k:a", "k:b", 900.0, -3, 0.1, 10**12, 1e-7),  # ASCII: the fast path
+        ("EVALSHA", "abc", 2, "k:é", b"raw\r\n", 900.0, -3, 0.1),  # non-ASCII, bytes
+        (Word.GET, "k"),  # a str subclass
+        ("SET", "k", ""),
+    ]
+    for args in cases:
+        assert pack(args) == b"".join(conn.pack_command(*args)), args
     with pytest.raises(TypeError):
         pack(("SET", "k", True))
 
@@ -93,8 +104,8 @@ async def test_raw_pipeline_mixes_replies_and_errors(redis_url: str, redis_prefi
         await bad
     assert pipe.round_trips == 1  # issued in one event-loop turn: one round trip
     await pipe.aclose()
-    with pytest.raises(RoundTripError):
-        pipe.execute("PING")
+    assert await pipe.execute("INCR", f"{redis_prefix}n") == 21  # usable again, like redis-py
+    await pipe.aclose()
     await r.aclose()
 
 
@@ -254,3 +265,12 @@ async def test_cancelling_close_fails_waiting_callers() -> None:
         await fut
     await r.aclose()
     await fake.stop()
+
+
+async def test_limiter_usable_after_close_like_before(redis_url: str, redis_prefix: str) -> None:
+    lim = RedisLimiter(make_redis(redis_url), prefix=redis_prefix, timeout_s=5)
+    assert (await lim.admit(plan(rpm=10))).states[0].remaining == 9
+    await lim.close()  # a gateway stopped ... and started again with the same limiter
+    assert (await lim.admit(plan(rpm=10))).states[0].remaining == 8
+    assert await lim.healthy()
+    await lim.close()
