@@ -5,6 +5,7 @@ stale-schema guard that services run at start."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -191,8 +192,8 @@ def _gate_details_round_trip(url: str) -> None:
         with engine.begin() as conn:
             assert conn.execute(sa.text("SELECT quality_gate_details FROM versions")).scalar() is None
             conn.execute(
-                sa.update(VersionRow.__table__)
-                .where(VersionRow.__table__.c.number == 1)
+                sa.update(cast(sa.Table, VersionRow.__table__))
+                .where(cast(sa.Table, VersionRow.__table__).c.number == 1)
                 .values(quality_gate="passed", quality_gate_details=scores)
             )
             got = conn.execute(sa.select(VersionRow.__table__.c.quality_gate_details)).scalar()

@@ -160,8 +160,8 @@ def test_bad_upload_gates_are_refused_and_write_nothing(
             422,
             "invalid_request",
         )
-    for gate in ("passed", "failed", "bogus", 1, True):
-        r = c.post(url, json={"source_uri": src.as_uri(), "quality_gate": gate})
+    for bad in ("passed", "failed", "bogus", 1, True):
+        r = c.post(url, json={"source_uri": src.as_uri(), "quality_gate": bad})
         _error(r, 422, "invalid_request")
     # twice with different values; the field twice
     err = _error(

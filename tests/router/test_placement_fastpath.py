@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -277,18 +278,24 @@ def test_fused_default_matches_generic_on_the_benchmark_workload() -> None:
     assert evictions > 300 and replications > 10  # the paths that matter were exercised
 
 
+def _fused(**kw: Any) -> DefaultProfile:
+    p = default_profile(**kw)
+    assert isinstance(p, DefaultProfile)
+    return p
+
+
 def test_profiles_outside_the_fast_path_use_the_generic_pipeline() -> None:
     # A weight of 0 drops its scorer: not the fused pipeline any more.
-    p = default_profile(weights={"free-slot": 0})
-    assert isinstance(p, DefaultProfile) and not p._planned()
+    p = _fused(weights={"free-slot": 0})
+    assert not p._planned()
     assert [s.name for s, _ in p.scorers] == ["resident-affinity", "running-set", "load"]
-    p = default_profile(weights={"load": math.inf})
+    p = _fused(weights={"load": math.inf})
     assert not p._planned()
     # Replacing a plugin after construction is noticed (identity of the plugin tuples).
-    p = default_profile()
+    p = _fused()
     p.scorers = p.scorers[:3]
     assert not p._planned()
-    p = default_profile()
+    p = _fused()
     p.fused = False
     assert not p._planned()
     rng = random.Random(3)
