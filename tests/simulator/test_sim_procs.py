@@ -26,8 +26,7 @@ def _state(url: str) -> dict:
 def test_real_time_process(make_adapter: MakeAdapter) -> None:
     p = SimProcess(extra_args=ARGS, ready_timeout=120).start()
     try:
-        with pytest.raises(httpx.ConnectError):  # connection refused until ready
-            httpx.get(f"{p.url}/health")
+        # (connection refused until ready: not asserted, a descheduled test process can lose that race)
         p.wait_ready()
         url = p.url
         # a load call takes the modelled load time
