@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from core_support
 """``hot`` on adapters and ``PATCH /adapters/{id}`` (description, owner, hot): records, one
 transaction with an ``adapter.updated`` event and a revision bump published on the change feed,
 error shapes, the routing snapshot, OpenAPI — on SQLite and PostgreSQL."""
@@ -15,15 +14,10 @@ from sqlalchemy import Engine
 
 from kit.db import session_scope
 from registry.services.snapshot import current_revision, load_snapshot
-from tests.registry.core_support import (  # noqa: F401 - fixtures
+from tests.registry.core_support import (
     AUTH,
-    db_url,
-    engine,
-    factory,
     make_settings,
-    pg_migrated,
     seed_adapter,
-    sqlite_template,
 )
 
 V1 = "/admin/v1"

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from core_support
 """Admin API surface: auth, envelopes, 422/404 shapes, pagination, tenants, keys, grants, audit,
 replicas/prewarm delegation, OpenAPI — on SQLite and PostgreSQL."""
 
@@ -11,17 +10,11 @@ from fastapi.testclient import TestClient
 
 from registry.demo import demo_base_model
 from registry.keys import hash_key, key_prefix
-from tests.registry.core_support import (  # noqa: F401 - fixtures
+from tests.registry.core_support import (
     TOKEN,
     add_versions,
-    client,
-    db_url,
-    engine,
-    factory,
     make_settings,
-    pg_migrated,
     seed_adapter,
-    sqlite_template,
 )
 
 V1 = "/admin/v1"

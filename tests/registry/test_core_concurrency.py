@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from core_support
 """Concurrent changes on both databases: promotes from many threads end in one consistent state
 (one active version, a coherent rollback chain), and the database itself refuses two active
 versions of one adapter."""
@@ -22,13 +21,8 @@ from registry.services import adapters as adapter_svc
 from registry.services import lifecycle
 from registry.services.base_models import create_base_model
 from registry.services.snapshot import current_revision
-from tests.registry.core_support import (  # noqa: F401 - fixtures
+from tests.registry.core_support import (
     add_versions,
-    db_url,
-    engine,
-    factory,
-    pg_migrated,
-    sqlite_template,
 )
 
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from core_support
 """Change feed (in-process, polling, PostgreSQL LISTEN/NOTIFY with reconnect and latency),
 routing snapshot contents and query count, DbAuditSink, bootstrap."""
 
@@ -26,15 +25,10 @@ from registry.services import tenants as tenant_svc
 from registry.services.base_models import create_base_model
 from registry.services.bootstrap import ensure_base_model
 from registry.services.snapshot import current_revision, load_snapshot
-from tests.registry.core_support import (  # noqa: F401 - fixtures
+from tests.registry.core_support import (
     AUTH,
     add_versions,
-    db_url,
-    engine,
-    factory,
     make_settings,
-    pg_migrated,
-    sqlite_template,
 )
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from core_support
 """State machine of SPEC §4 / §13 through the admin API, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -7,15 +6,9 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.registry.core_support import (  # noqa: F401 - fixtures
+from tests.registry.core_support import (
     add_versions,
-    client,
-    db_url,
-    engine,
-    factory,
-    pg_migrated,
     seed_adapter,
-    sqlite_template,
     statuses,
 )
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from core_support
 """Quality gates: a version can start ``pending`` at upload (multipart field, query parameter or
 JSON field), ``POST …/versions/{v}/quality-gate`` records a result with its details (one audited
 transaction), promotion (active or canary) of a ``pending``/``failed`` version is a 409 that
@@ -22,17 +21,11 @@ from registry.adapter_factory import write_adapter
 from registry.services.gates import MAX_DETAILS_BYTES
 from registry.services.snapshot import current_revision, load_snapshot
 from registry.storage.local import LocalArtifactStore
-from tests.registry.core_support import (  # noqa: F401 - fixtures
+from tests.registry.core_support import (
     AUTH,
     add_versions,
-    client,
-    db_url,
-    engine,
-    factory,
     make_settings,
-    pg_migrated,
     seed_adapter,
-    sqlite_template,
     statuses,
 )
 

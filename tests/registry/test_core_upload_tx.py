@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from core_support
 """The upload route's transaction edge: when the database part fails after the files were
 ingested (before or after the pending files were committed), nothing is left behind — no row,
 no audit event, no revision bump, no stored file — and the next upload still gets v1."""
@@ -19,15 +18,10 @@ from kit.errors import Conflict
 from registry.adapter_factory import write_adapter
 from registry.api import routes_upload
 from registry.services.snapshot import current_revision
-from tests.registry.core_support import (  # noqa: F401 - fixtures
+from tests.registry.core_support import (
     AUTH,
-    db_url,
-    engine,
-    factory,
     make_settings,
-    pg_migrated,
     seed_adapter,
-    sqlite_template,
 )
 
 V1 = "/admin/v1"

@@ -17,14 +17,10 @@ from kit.localservices import S3Server
 from registry.adapter_factory import write_adapter
 from registry.storage.local import LocalArtifactStore
 from registry.storage.s3 import S3ArtifactStore
-from tests.registry.core_support import (  # noqa: F401 - fixtures
+from tests.registry.core_support import (
     AUTH,
-    db_url,
-    engine,
     make_settings,
-    pg_migrated,
     seed_adapter,
-    sqlite_template,
 )
 
 V1 = "/admin/v1"
@@ -42,8 +38,8 @@ def local_files(root: Path) -> list[str]:
 @pytest.fixture
 def local_client(
     tmp_path: Path,
-    db_url: str,  # noqa: F811
-    engine: Engine,  # noqa: F811
+    db_url: str,
+    engine: Engine,
 ) -> Iterator[tuple[TestClient, LocalArtifactStore]]:
     from registry.api import create_admin_app
 
@@ -134,8 +130,8 @@ def test_upload_to_unknown_adapter_is_404(
 @pytest.fixture
 def s3_client(
     tmp_path: Path,
-    db_url: str,  # noqa: F811
-    engine: Engine,  # noqa: F811
+    db_url: str,
+    engine: Engine,
     s3_server: S3Server,
     s3_bucket: str,
 ) -> Iterator[tuple[TestClient, S3ArtifactStore]]:
