@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from core_support
 """Migrations: one head, upgrade on SQLite and PostgreSQL, no drift from the models, and the
 stale-schema guard that services run at start."""
 
@@ -18,7 +17,7 @@ from kit.db import make_engine
 from kit.errors import Unavailable
 from kit.orm import Base
 from registry import migrate
-from tests.registry.core_support import make_settings, pg_migrated, sqlite_template  # noqa: F401
+from tests.registry.core_support import make_settings
 
 EXPECTED_TABLES = {
     "base_models", "adapters", "versions", "tenants", "api_keys", "grants", "audit_events", "registry_state",
