@@ -32,9 +32,9 @@ from gateway.ratelimit import (
     rate_limit_headers,
     rejection_message,
 )
-from gateway.ratelimit.base import new_id
 from gateway.resolve import Resolution, resolve
 from gateway.service import Gateway
+from kit.ids import new_id
 from kit.logs import log_record
 from registry.snapshot import RoutingSnapshot, TenantInfo
 from router.contract import ForwardRequest, ForwardResult, RouterError

@@ -16,23 +16,14 @@ releases the concurrency slot. Settling is idempotent.
 
 from __future__ import annotations
 
-import itertools
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from kit.ids import new_id
+
 Kind = Literal["rpm", "tpm", "concurrency"]
 Scope = Literal["tenant", "grant"]
-
-
-_ID_PREFIX = os.urandom(8).hex()
-_ID_COUNTER = itertools.count(1)
-
-
-def new_id() -> str:
-    """A process-unique id, globally unique in practice (random per-process prefix + counter)."""
-    return f"{_ID_PREFIX}{next(_ID_COUNTER):x}"
 
 
 class LimiterUnavailable(Exception):
@@ -70,7 +61,7 @@ class Lease:
     token_buckets: tuple[Bucket, ...]
     estimated_tokens: int
     concurrency_key: str | None
-    lease_id: str = field(default_factory=lambda: new_id())
+    lease_id: str = field(default_factory=new_id)
     settled: bool = False
 
 
