@@ -57,11 +57,11 @@ def setup_demo(
     generated adapters follow its module shapes, so they load on a real model too."""
     from registry.adapter_factory import write_adapter
     from registry.admin_client import AdminAPIError, AdminClient
-    from registry.demo import demo_base_model
+    from registry.demo import DEMO_MODULE_SHAPES, demo_base_model
 
     spec = spec or demo_base_model(base_model)
     hf_id = spec["hf_id"]
-    real = spec["module_shapes"] != demo_base_model(base_model)["module_shapes"]
+    real = spec["module_shapes"] != DEMO_MODULE_SHAPES
     adapters = []
     with AdminClient(admin_url, token) as c:
         existing = {a["id"] for a in c.list_adapters()}
