@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections import deque
 from typing import Any, cast
 
@@ -98,8 +99,11 @@ class AutoPipeline:
         self._conn: Any = None  # redis.asyncio.connection.AbstractConnection, made on first use
         self.round_trips = 0  # batches sent (tests, metrics)
 
-    def register_script(self, sha: str, source: str) -> None:
+    def register_script(self, source: str) -> str:
+        """Remember a Lua script (loaded again after ``NOSCRIPT``); returns its sha1 for EVALSHA."""
+        sha = hashlib.sha1(source.encode()).hexdigest()
         self._scripts[sha] = source
+        return sha
 
     def execute(self, *args: Arg) -> asyncio.Future[Any]:
         """Queue one command; the future gets its raw reply (bytes undecoded) or its error."""

@@ -14,7 +14,6 @@ admissions and settlements share one round trip on one connection (each still it
 from __future__ import annotations
 
 import asyncio
-import hashlib
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -130,10 +129,8 @@ class RedisLimiter:
         self._lease_s = lease_s
         self._timeout = timeout_s
         self._pipe = AutoPipeline(redis, timeout_s=timeout_s)
-        self._admit = _sha(ADMIT_LUA)
-        self._settle = _sha(SETTLE_LUA)
-        self._pipe.register_script(self._admit, ADMIT_LUA)
-        self._pipe.register_script(self._settle, SETTLE_LUA)
+        self._admit = self._pipe.register_script(ADMIT_LUA)
+        self._settle = self._pipe.register_script(SETTLE_LUA)
 
     async def _run(self, sha: str, keys: list[str], args: list[str | int | float]) -> list[object]:
         try:
@@ -218,7 +215,3 @@ class RedisLimiter:
 
 def _s(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _sha(source: str) -> str:
-    return hashlib.sha1(source.encode()).hexdigest()
