@@ -20,7 +20,7 @@ decision is O(replicas) with O(1) work per replica once a view has been summaris
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from typing import ClassVar
 
@@ -344,8 +344,7 @@ class SchedulerProfile:
             return Decision(replica=view.url, action="hit", scores=scores, reason="base model")
         target = ctx.held.get(index)
         if target is not None and target.state in PRESENT:
-            reason = "resident" if target.state == "resident" else f"joining {target.state}"
-            return Decision(replica=view.url, action="hit", scores=scores, reason=reason)
+            return hit_decision(view, target, scores)
         elsewhere = False
         if ctx.all_replicas is ctx.replicas:  # no filter dropped anything: targets cover all
             for t in ctx.held.values():
@@ -360,16 +359,27 @@ class SchedulerProfile:
                     break
         action: Action = "replicate" if elsewhere else "load"
         need = ctx.sums[index].occupied - view.max_adapters + 1
-        evict: tuple[str, ...] = ()
-        if need > 0:
-            victims = self.evictor.victims(ctx, index, need)
-            if victims is None:  # only reachable without the capacity filter
-                return Decision(
-                    replica=None,
-                    action="none",
-                    scores=scores,
-                    reason=f"{view.url} is at max_adapters with no idle adapter to evict",
-                )
-            evict = victims
-        reason = f"{action}; evict {','.join(evict)}" if evict else action
-        return Decision(replica=view.url, action=action, evict=evict, scores=scores, reason=reason)
+        victims = self.evictor.victims(ctx, index, need) if need > 0 else ()
+        return load_decision(view, action, victims, scores)
+
+
+def hit_decision(view: ReplicaView, target: Resident, scores: Mapping[str, float]) -> Decision:
+    """The decision for a replica where the adapter is present (``target.state`` in PRESENT)."""
+    reason = "resident" if target.state == "resident" else f"joining {target.state}"
+    return Decision(replica=view.url, action="hit", scores=scores, reason=reason)
+
+
+def load_decision(
+    view: ReplicaView, action: Action, victims: tuple[str, ...] | None, scores: Mapping[str, float]
+) -> Decision:
+    """The decision to load onto ``view`` after unloading ``victims`` (the evictor's answer;
+    None: the replica is at max_adapters with nothing to evict)."""
+    if victims is None:  # only reachable without the capacity filter
+        return Decision(
+            replica=None,
+            action="none",
+            scores=scores,
+            reason=f"{view.url} is at max_adapters with no idle adapter to evict",
+        )
+    reason = f"{action}; evict {','.join(victims)}" if victims else action
+    return Decision(replica=view.url, action=action, evict=victims, scores=scores, reason=reason)

@@ -44,6 +44,8 @@ from router.placement.framework import (
     SchedulerProfile,
     Scorer,
     Summary,
+    hit_decision,
+    load_decision,
     summary,
 )
 from router.placement.pickers import _EPS, MaxScorePicker
@@ -63,7 +65,7 @@ _CHOSEN_ONLY_EVICTORS: tuple[type[Evictor], ...] = (Evictor, HotCopyEvictor)
 class _Row:
     """Request-independent facts of one view for one (weights, idle horizon) — see module doc."""
 
-    __slots__ = ("b", "base", "d", "s", "sat", "t", "x")
+    __slots__ = ("b", "base", "d", "s", "sat", "t")
 
     def __init__(
         self,
@@ -72,7 +74,6 @@ class _Row:
         sat: float,
         b: float,
         d: float,
-        x: float | None,
         base: float,
     ) -> None:
         self.s = s  # the view's summary (None for an unhealthy view: not needed)
@@ -80,7 +81,6 @@ class _Row:
         self.sat = sat  # see t; -inf when the total does not depend on now
         self.b = b  # w1·0 + w2·room
         self.d = d  # w4·(1 − load)
-        self.x = x  # lru_last_used (None: nothing idle)
         self.base = base  # total of a base-model request; -inf: dropped (unhealthy)
 
 
@@ -174,7 +174,7 @@ class DefaultProfile(SchedulerProfile):
     def _row(self, v: ReplicaView) -> _Row:
         w1, w2, w3, w4 = self._w
         if not v.healthy:
-            r = _Row(None, _NEG, _NEG, 0.0, 0.0, None, _NEG)
+            r = _Row(None, _NEG, _NEG, 0.0, 0.0, _NEG)
         else:
             s = v.derived.get("summary") or summary(v)
             b = w1 * 0.0 + w2 * s.room
@@ -182,12 +182,12 @@ class DefaultProfile(SchedulerProfile):
             base = w1 * 0.0 + w2 * 1.0 + w3 * 1.0 + d
             x = s.lru_last_used
             if not s.takes_new:
-                r = _Row(s, _NEG, _NEG, b, d, x, base)
+                r = _Row(s, _NEG, _NEG, b, d, base)
             elif s.free:
-                r = _Row(s, b + w3 * 1.0 + d, _NEG, b, d, x, base)
+                r = _Row(s, b + w3 * 1.0 + d, _NEG, b, d, base)
             else:  # full but takes a new adapter by evicting: something is idle (x is not None)
                 assert x is not None
-                r = _Row(s, b + w3 * 0.6 + d, _threshold(x, self._h), b, d, x, base)
+                r = _Row(s, b + w3 * 0.6 + d, _threshold(x, self._h), b, d, base)
         v.derived[self._key] = r
         return r
 
@@ -204,11 +204,10 @@ class DefaultProfile(SchedulerProfile):
     def _slow(self, r: _Row, now: float) -> float:
         """A row's total when ``now < r.sat`` (also when ``now`` is NaN): computed from ``now``
         for a row whose free-slot score depends on it, else the row's constant total."""
-        x = r.x
-        if r.sat == _NEG or x is None:
+        s = r.s
+        if r.sat == _NEG or s is None:
             return r.t
-        f = (now - x) / self._h
-        return r.b + self._w[2] * (0.6 if f >= 1.0 else (0.1 + 0.5 * f if f > 0.0 else 0.1)) + r.d
+        return r.b + self._w[2] * self._free_slot(s, now) + r.d
 
     # ------------------------------------------------------------------ pick
 
@@ -354,24 +353,12 @@ class DefaultProfile(SchedulerProfile):
             return Decision(replica=view.url, action="hit", scores=scores, reason="base model")
         target = view.residents.get(name)
         if target is not None and target.state in PRESENT:
-            reason = "resident" if target.state == "resident" else f"joining {target.state}"
-            return Decision(replica=view.url, action="hit", scores=scores, reason=reason)
+            return hit_decision(view, target, scores)
         action: Action = "replicate" if elsewhere else "load"
         s = view.derived[self._key].s
         need = s.occupied - view.max_adapters + 1
-        evict: tuple[str, ...] = ()
-        if need > 0:
-            victims = self._victims(request, replicas, now, totals, index, target, s, need)
-            if victims is None:  # only reachable without the capacity filter
-                return Decision(
-                    replica=None,
-                    action="none",
-                    scores=scores,
-                    reason=f"{view.url} is at max_adapters with no idle adapter to evict",
-                )
-            evict = victims
-        reason = f"{action}; evict {','.join(evict)}" if evict else action
-        return Decision(replica=view.url, action=action, evict=evict, scores=scores, reason=reason)
+        victims = self._victims(request, replicas, now, totals, index, target, s, need) if need > 0 else ()
+        return load_decision(view, action, victims, scores)
 
     def _victims(
         self,
