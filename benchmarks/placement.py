@@ -117,30 +117,45 @@ def run_stream(
             now += 0.01
             if d.replica is None:
                 continue
-            # The runtime records the request (and any eviction/load) in a new snapshot.
-            i = index[d.replica]
-            v = views[i]
-            residents = dict(v.residents)
-            for victim in d.evict:
-                residents.pop(victim, None)
-            old = residents.get(lora)
-            residents[lora] = Resident(lora, lora, "resident", now, (old.inflight if old else 0) + 1)
-            views[i] = _view(i, residents, v.inflight + 1, rng, max_loras, max_adapters)
-            # Keep the cluster in a steady state: every other pick, a request finishes somewhere.
-            done_i = rng.randrange(len(views))
-            if k % 2 == 0:
-                dv = views[done_i]
-                busy = [x for x in dv.residents.values() if x.inflight]
-                if busy:
-                    x = rng.choice(busy)
-                    res2 = dict(dv.residents)
-                    res2[x.lora_name] = Resident(
-                        x.lora_name, x.adapter_id, x.state, x.last_used, x.inflight - 1
-                    )
-                    views[done_i] = _view(done_i, res2, max(0, dv.inflight - 1), rng, max_loras, max_adapters)
+            record(views, index[d.replica], d.evict, lora, now, k, rng, max_loras, max_adapters)
     finally:
         gc.enable()
     return times, actions
+
+
+def record(
+    views: list[ReplicaView],
+    i: int,
+    evict: tuple[str, ...],
+    lora: str,
+    now: float,
+    k: int,
+    rng: random.Random,
+    max_loras: int,
+    max_adapters: int,
+) -> list[int]:
+    """After pick ``k`` placed ``lora`` on ``views[i]``: replace the views that change (new
+    objects, as the runtime's snapshots are) and return their indices."""
+    # The runtime records the request (and any eviction/load) in a new snapshot.
+    v = views[i]
+    residents = dict(v.residents)
+    for victim in evict:
+        residents.pop(victim, None)
+    old = residents.get(lora)
+    residents[lora] = Resident(lora, lora, "resident", now, (old.inflight if old else 0) + 1)
+    views[i] = _view(i, residents, v.inflight + 1, rng, max_loras, max_adapters)
+    # Keep the cluster in a steady state: every other pick, a request finishes somewhere.
+    done_i = rng.randrange(len(views))
+    if k % 2 == 0:
+        dv = views[done_i]
+        busy = [x for x in dv.residents.values() if x.inflight]
+        if busy:
+            x = rng.choice(busy)
+            res2 = dict(dv.residents)
+            res2[x.lora_name] = Resident(x.lora_name, x.adapter_id, x.state, x.last_used, x.inflight - 1)
+            views[done_i] = _view(done_i, res2, max(0, dv.inflight - 1), rng, max_loras, max_adapters)
+            return [i, done_i]
+    return [i]
 
 
 def run_router_path(
@@ -221,8 +236,8 @@ def bench_profile(
     best: list[int] | None = None
     first: list[int] = []
     actions: dict[str, int] = {}
+    run = run_router_path if router_path else run_stream
     for r in range(repeat):
-        run = run_router_path if router_path else run_stream
         times, acts = run(name, decisions, seed, n_replicas, n_adapters, max_adapters, max_loras)
         if r == 0:
             first, actions = list(times), acts
@@ -274,20 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  {'profile':<18} {'p50 µs':>8} {'p90 µs':>8} {'p99 µs':>8} {'max µs':>8} {'raw p99':>8}  actions"
     )
-    rows = []
-    for name in names:
-        r = bench_profile(
-            name, a.decisions, a.seed, a.replicas, a.adapters, a.max_adapters, a.max_loras, a.repeat
-        )
-        rows.append(r)
-        acts = ", ".join(f"{k}={v}" for k, v in sorted(r["actions"].items()))
-        cols = f"{r['p50_us']:>8.1f} {r['p90_us']:>8.1f} {r['p99_us']:>8.1f} {r['max_us']:>8.0f}"
-        print(f"  {name:<18} {cols} {r['raw_first_pass_p99_us']:>8.1f}  {acts}", flush=True)
+    runs = [(name, False) for name in names]
     if "default" in names:
         # The same decisions as the router runtime makes them: views taken from its replica state.
+        runs.append(("default", True))
+    rows = []
+    for name, router_path in runs:
         r = bench_profile(
-            "default", a.decisions, a.seed, a.replicas, a.adapters, a.max_adapters, a.max_loras, a.repeat,
-            router_path=True,
+            name, a.decisions, a.seed, a.replicas, a.adapters, a.max_adapters, a.max_loras, a.repeat,
+            router_path=router_path,
         )  # fmt: skip
         rows.append(r)
         acts = ", ".join(f"{k}={v}" for k, v in sorted(r["actions"].items()))

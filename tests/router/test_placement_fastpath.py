@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.placement import _view as bench_view
-from benchmarks.placement import build_cluster
+from benchmarks.placement import build_cluster, record
 from router.placement import make_profile
 from router.placement.framework import (
     OCCUPYING,
@@ -258,23 +257,8 @@ def test_fused_default_matches_generic_on_the_benchmark_workload() -> None:
         now += 0.01
         if got.replica is None:
             continue
-        i = index[got.replica]
-        v = views[i]
-        residents = dict(v.residents)
-        for victim in got.evict:
-            residents.pop(victim, None)
-        old = residents.get(lora)
-        residents[lora] = Resident(lora, lora, "resident", now, (old.inflight if old else 0) + 1)
-        views[i] = bench_view(i, residents, v.inflight + 1, rng, 8, 32)
-        copies[i] = replace(views[i])
-        done = rng.randrange(len(views))
-        busy = [x for x in views[done].residents.values() if x.inflight]
-        if k % 2 == 0 and busy:
-            x = rng.choice(busy)
-            res2 = dict(views[done].residents)
-            res2[x.lora_name] = replace(x, inflight=x.inflight - 1)
-            views[done] = bench_view(done, res2, max(0, views[done].inflight - 1), rng, 8, 32)
-            copies[done] = replace(views[done])
+        for j in record(views, index[got.replica], got.evict, lora, now, k, rng, 8, 32):
+            copies[j] = replace(views[j])
     assert evictions > 300 and replications > 10  # the paths that matter were exercised
 
 
