@@ -18,6 +18,7 @@ import pytest
 from kit.localservices import free_port
 from loraplane import engine_launch as el
 from tests.engine import vllm_env as ve
+from tests.procs import alive
 
 FAKE = textwrap.dedent(
     """\
@@ -38,16 +39,6 @@ FAKE = textwrap.dedent(
     http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
     """
 )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    # a zombie is dead for our purposes
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
 
 
 def test_vllm_command_has_the_flags_vllm_needs() -> None:
@@ -87,14 +78,14 @@ def test_start_wait_and_stop_kill_the_whole_group(tmp_path: Path) -> None:
     try:
         el.wait_ready([f"http://127.0.0.1:{p}" for p in ports], procs, timeout_s=30)
         grandchildren = [int((tmp_path / f"pid.{p}").read_text()) for p in ports]
-        assert all(_alive(pid) for pid in grandchildren)
+        assert all(alive(pid) for pid in grandchildren)
     finally:
         el.stop_replicas(procs, grace_s=5)
     assert all(p.poll() is not None for p in procs)
     deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in grandchildren) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in grandchildren) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(pid) for pid in grandchildren)
+    assert not any(alive(pid) for pid in grandchildren)
 
 
 def test_wait_ready_reports_an_exited_replica(tmp_path: Path) -> None:

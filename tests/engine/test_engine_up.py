@@ -20,24 +20,11 @@ import openai
 from kit.localservices import free_port
 from tests.engine.conftest import ENGINE_MARKS, EngineEnv
 from tests.engine.product import _cli
+from tests.procs import alive, children
 
 pytestmark = ENGINE_MARKS
 
 READY_S = 900.0
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
-    return [int(x) for x in out.stdout.split()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_up_engine_vllm_demo_serves_adapters_and_stops_cleanly(engine_env: EngineEnv, tmp_path: Path) -> None:
@@ -63,8 +50,8 @@ def test_up_engine_vllm_demo_serves_adapters_and_stops_cleanly(engine_env: Engin
         text = log.read_text()
         base = engine_env.model.name
         assert f"models: {base}, {base}:demo-support, {base}:demo-sql" in text
-        engines = [p for p in _children(proc.pid) if "vllm" in Path(f"/proc/{p}/cmdline").read_text()]
-        assert len(engines) == 1, _children(proc.pid)
+        engines = [p for p in children(proc.pid) if "vllm" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert len(engines) == 1, children(proc.pid)
         key = json.loads((data / "demo_key.json").read_text())["key"]
         with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0) as c:
             assert sorted(m.id for m in c.models.list()) == sorted(
@@ -86,11 +73,11 @@ def test_up_engine_vllm_demo_serves_adapters_and_stops_cleanly(engine_env: Engin
         assert proc.wait(timeout=120) == 0, log.read_text()[-4000:]
         assert "stopped." in log.read_text()
         deadline = time.monotonic() + 30
-        while any(_alive(p) for p in engines) and time.monotonic() < deadline:
+        while any(alive(p) for p in engines) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not any(_alive(p) for p in engines), engines
+        assert not any(alive(p) for p in engines), engines
     finally:
-        leftovers = _children(proc.pid) if proc.poll() is None else []
+        leftovers = children(proc.pid) if proc.poll() is None else []
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)

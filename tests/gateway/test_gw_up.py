@@ -15,29 +15,9 @@ from pathlib import Path
 import pytest
 
 from kit.localservices import free_port
+from tests.procs import alive, children
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gw-up")]
-
-
-def children(pid: int) -> set[int]:
-    out = set()
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.add(int(d.name))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 class Up:
