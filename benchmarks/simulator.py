@@ -26,14 +26,9 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.gateway import cpu_seconds  # noqa: E402
 from registry.adapter_factory import write_adapter  # noqa: E402
 from simulator.procs import start_simulators, stop_all  # noqa: E402
-
-
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (Linux /proc), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _drive(url: str, duration: float, concurrency: int, stream: bool) -> dict[str, object]:
@@ -109,9 +104,9 @@ def main() -> None:
             warm = asyncio.run(_drive(procs[0].url, 1.0, args.concurrency, args.stream))
             pid = procs[0].pid
             assert pid is not None
-            cpu0 = _cpu_seconds(pid)
+            cpu0 = cpu_seconds(pid)
             res = asyncio.run(_drive(procs[0].url, args.duration, args.concurrency, args.stream))
-            cpu = _cpu_seconds(pid) - cpu0
+            cpu = cpu_seconds(pid) - cpu0
             n = int(res["requests"]) or 1  # type: ignore[call-overload]
             res["server_cpu_ms_per_req"] = round(cpu * 1000 / n, 3)
             res["server_capacity_req_per_s"] = round(n / cpu, 1) if cpu > 0 else None
