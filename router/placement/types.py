@@ -63,6 +63,12 @@ class PlacementRequest:
     prompt_tokens: int = 0
     max_tokens: int = 0
     exclude: frozenset[str] = frozenset()  # replica urls to avoid (failover retry)
+    # lora_name → copies the cluster keeps warm (hot adapters, SPEC §8/§17): an evictor never
+    # takes a copy whose eviction would leave fewer than that many while another idle victim
+    # exists. ``strict_hot`` (a hot prewarm): rather than take such a copy, make no room at all
+    # (the evictor answers None), so hot adapters never evict each other.
+    hot_targets: Mapping[str, int] = field(default_factory=dict)
+    strict_hot: bool = False
 
 
 Action = Literal["hit", "load", "replicate", "none"]
