@@ -3,6 +3,9 @@
 Every service defines its own typed settings class deriving from :class:`LoraplaneSettings`;
 all read environment variables with the ``LORAPLANE_`` prefix and, optionally, a config file
 named by ``LORAPLANE_CONFIG`` (TOML or JSON; environment variables win over the file).
+
+An empty value counts as unset, in the environment and in the file alike: a manifest line
+``LORAPLANE_S3_ENDPOINT_URL: ""`` means "use the default" (AWS S3), not "the endpoint is ''".
 """
 
 from __future__ import annotations
@@ -31,13 +34,15 @@ def _config_file_values() -> dict[str, Any]:
     data = tomllib.loads(raw.decode()) if p.suffix == ".toml" else json.loads(raw)
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold a table/object at the top level")
-    return {str(k).lower(): v for k, v in data.items()}
+    return {str(k).lower(): v for k, v in data.items() if v != ""}
 
 
 class LoraplaneSettings(BaseSettings):
-    """Base for all service settings: ``LORAPLANE_`` env prefix, optional config file."""
+    """Base for all service settings: ``LORAPLANE_`` env prefix, optional config file; empty = unset."""
 
-    model_config = SettingsConfigDict(env_prefix="LORAPLANE_", extra="ignore", populate_by_name=True)
+    model_config = SettingsConfigDict(
+        env_prefix="LORAPLANE_", extra="ignore", populate_by_name=True, env_ignore_empty=True
+    )
 
     _file_cache: ClassVar[dict[str, Any] | None] = None
 

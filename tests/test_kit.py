@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import sqlalchemy as sa
 
 from kit import localservices as ls
@@ -43,7 +46,40 @@ def test_s3_server_is_real(s3_server: ls.S3Server, s3_bucket: str) -> None:
     assert c.get_object(Bucket=s3_bucket, Key="a/b")["Body"].read() == b"hello"
     bad = ls.S3Server(s3_server.endpoint_url, s3_server.access_key, "wrong", "us-east-1", None, None)
     import botocore.exceptions
-    import pytest
 
     with pytest.raises(botocore.exceptions.ClientError):
         bad.client().put_object(Bucket=s3_bucket, Key="x", Body=b"x")
+
+
+def test_empty_setting_strings_count_as_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A manifest's `LORAPLANE_S3_ENDPOINT_URL: ""` means AWS's default endpoint, not ''."""
+    from registry.settings import RegistrySettings
+    from registry.storage.s3 import make_s3_client
+
+    monkeypatch.setenv("LORAPLANE_S3_ENDPOINT_URL", "")
+    monkeypatch.setenv("LORAPLANE_S3_REGION", "eu-west-1")
+    monkeypatch.setenv("LORAPLANE_S3_BUCKET", "b")
+    monkeypatch.setenv("LORAPLANE_DATABASE_URL", "")
+    monkeypatch.setenv("LORAPLANE_S3_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("LORAPLANE_S3_SECRET_ACCESS_KEY", "secret")
+    settings = RegistrySettings()
+    assert settings.s3_endpoint_url is None
+    assert settings.resolved_database_url().startswith("sqlite:///")
+    client = make_s3_client(settings)
+    assert client.meta.endpoint_url == "https://s3.eu-west-1.amazonaws.com"
+    assert client.meta.config.s3 == {"payload_signing_enabled": False}  # virtual-host style on AWS
+
+    # the same in a config file: an empty string is not a value
+    cfg = tmp_path / "lp.toml"
+    cfg.write_text('s3_endpoint_url = ""\ns3_region = "us-east-2"\n')
+    monkeypatch.delenv("LORAPLANE_S3_ENDPOINT_URL")
+    monkeypatch.delenv("LORAPLANE_S3_REGION")
+    monkeypatch.setenv("LORAPLANE_CONFIG", str(cfg))
+    settings = RegistrySettings()
+    assert settings.s3_endpoint_url is None and settings.s3_region == "us-east-2"
+    assert make_s3_client(settings).meta.endpoint_url == "https://s3.us-east-2.amazonaws.com"
+
+    # a real value still wins
+    monkeypatch.setenv("LORAPLANE_S3_ENDPOINT_URL", "http://seaweedfs:8333")
+    client = make_s3_client(RegistrySettings())
+    assert client.meta.endpoint_url == "http://seaweedfs:8333"
