@@ -9,43 +9,31 @@
 
     with simulators(2, extra_args=["--zero-latency"]) as procs: ...
 
-Each process runs ``sys.executable -m simulator`` in its own session on a free loopback port,
-logs to a temporary file (``SimProcess.log_path``), and exits by itself if the process that
-started it goes away (``LORAPLANE_SIM_PARENT_PID``). Processes still running when the
-interpreter exits are killed (``atexit``).
+Each process runs ``sys.executable -m simulator`` on a free loopback port as a
+:class:`kit.procs.ManagedProcess` (own session, SIGTERM then SIGKILL, killed at interpreter
+exit), logs to a temporary file (``SimProcess.log_path``), and exits by itself if the process
+that started it goes away (``LORAPLANE_SIM_PARENT_PID``).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from kit import procs as kp
+from kit.procs import free_port
 from simulator.cli import PARENT_ENV
 
-_LIVE: set[SimProcess] = set()
-_LIVE_LOCK = threading.Lock()
+__all__ = ["SimProcess", "SimulatorStartError", "free_port", "simulators", "start_simulators", "stop_all"]
 
 
-class SimulatorStartError(RuntimeError):
+class SimulatorStartError(kp.ProcessStartError):
     """A simulator process exited or did not answer /health in time."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class SimProcess:
@@ -67,7 +55,7 @@ class SimProcess:
         self.extra_args = list(extra_args or [])
         self.env = dict(env or {})
         self.ready_timeout = ready_timeout
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.managed: kp.ManagedProcess | None = None
         fd, name = tempfile.mkstemp(prefix=f"sim-{self.port}-", suffix=".log")
         os.close(fd)
         self.log_path = Path(name)
@@ -77,8 +65,12 @@ class SimProcess:
         return f"http://{self.host}:{self.port}"
 
     @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.managed.proc if self.managed is not None else None
+
+    @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
+        return self.managed.pid if self.managed is not None else None
 
     def argv(self) -> list[str]:
         return [
@@ -95,80 +87,45 @@ class SimProcess:
         ]
 
     def start(self) -> SimProcess:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.alive():
             return self
         env = {**os.environ, **self.env, PARENT_ENV: str(os.getpid())}
         env.setdefault("PYTHONUNBUFFERED", "1")
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        with _LIVE_LOCK:
-            _LIVE.add(self)
+        # a new ManagedProcess each time: the port (so the argv) may have changed since
+        self.managed = kp.ManagedProcess(
+            self.argv(), env=env, log_path=self.log_path, name=f"simulator on port {self.port}"
+        ).start()
         return self
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        deadline = time.monotonic() + (timeout if timeout is not None else self.ready_timeout)
-        delay = 0.02
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                raise SimulatorStartError(f"simulator on port {self.port} exited early:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as resp:
-                    if resp.status == 200:
-                        return
-            except urllib.error.HTTPError as exc:
-                if exc.code == 503:  # started dead on purpose: it answers, so it is up
-                    return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.2)
-        self.kill()
-        raise SimulatorStartError(f"simulator on port {self.port} not ready in time:\n{self.log_tail()}")
+        """Wait until ``/health`` answers (200, or 503 for a replica started dead on purpose: it
+        answers, so it is up); on timeout the process is killed."""
+        if self.managed is None:
+            raise SimulatorStartError(f"simulator on port {self.port} was never started")
+        check = kp.http_ready(f"{self.url}/health", expect=(200, 503), timeout=1.0)
+        try:
+            self.managed.wait_ready(check, self.ready_timeout if timeout is None else timeout)
+        except kp.ProcessStartError as e:
+            self.kill()
+            raise SimulatorStartError(str(e)) from None
 
     def log_tail(self, n: int = 4000) -> str:
-        try:
+        with contextlib.suppress(OSError):
             return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+        return ""
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def _signal_group(self, sig: int) -> None:
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
+        return self.managed is not None and self.managed.alive()
 
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self._signal_group(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                self._signal_group(signal.SIGKILL)
-                self.proc.wait(timeout=5)
-        self._forget()
+        if self.managed is not None:
+            self.managed.stop(grace)
 
     def kill(self) -> None:
         """SIGKILL at once (for failure tests)."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self._signal_group(signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=5)
-        self._forget()
+        if self.managed is not None:
+            self.managed.kill()
 
     def restart(self, timeout: float | None = None) -> SimProcess:
         """Stop if running, start again on the same port, wait until ready."""
@@ -176,10 +133,6 @@ class SimProcess:
         self.start()
         self.wait_ready(timeout)
         return self
-
-    def _forget(self) -> None:
-        with _LIVE_LOCK:
-            _LIVE.discard(self)
 
     def cleanup(self) -> None:
         """Stop and remove the log file."""
@@ -223,11 +176,9 @@ def start_simulators(
 
 
 def stop_all(procs: list[SimProcess], grace: float = 5.0) -> None:
+    """Stop every simulator (SIGTERM to all at once, one grace period) and remove their logs."""
+    kp.stop_all([p.managed for p in procs if p.managed is not None], grace)
     for p in procs:
-        if p.alive():
-            p._signal_group(signal.SIGTERM)
-    for p in procs:
-        p.stop(grace)
         with contextlib.suppress(OSError):
             p.log_path.unlink()
 
@@ -246,11 +197,3 @@ def simulators(
         yield procs
     finally:
         stop_all(procs)
-
-
-@atexit.register
-def _kill_leftovers() -> None:
-    with _LIVE_LOCK:
-        left = list(_LIVE)
-    for p in left:
-        p.kill()
