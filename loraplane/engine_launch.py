@@ -11,16 +11,12 @@ environment: vLLM pins torch, transformers, numpy, fastapi…).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import httpx
+from kit.procs import ManagedProcess, http_ready, stop_all, wait_all_ready
 
 RUNTIME_ENV = {
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
@@ -166,14 +162,14 @@ def start_vllm_replicas(
     max_lora_rank: int = 16,
     max_cpu_loras: int = 4,
     max_model_len: int = 512,
-) -> list[subprocess.Popen[bytes]]:
-    """Start ``n`` replicas on ``ports`` (each in its own process group, output to
-    ``log_dir/vllm-<port>.log``) and return their processes at once; see :func:`wait_ready`."""
+) -> list[ManagedProcess]:
+    """Start ``n`` replicas on ``ports`` (each a :class:`kit.procs.ManagedProcess` in its own
+    process group, output to ``log_dir/vllm-<port>.log``) and return them at once; see
+    :func:`wait_ready`."""
     if len(ports) < n:
         raise ValueError(f"need {n} ports, got {len(ports)}")
     logs = Path(log_dir)
-    logs.mkdir(parents=True, exist_ok=True)
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[ManagedProcess] = []
     for port in ports[:n]:
         cmd = vllm_command(
             python,
@@ -187,52 +183,24 @@ def start_vllm_replicas(
             enforce_eager=cpu,
             extra_args=extra_args,
         )
-        with open(logs / f"vllm-{port}.log", "wb") as lf:
-            procs.append(
-                subprocess.Popen(
-                    cmd,
-                    stdout=lf,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=vllm_env(cpu=cpu, extra=extra_env),
-                    start_new_session=True,
-                )
-            )
+        env = vllm_env(cpu=cpu, extra=extra_env)
+        procs.append(
+            ManagedProcess(
+                cmd, env=env, log_path=logs / f"vllm-{port}.log", name=f"vLLM replica :{port}"
+            ).start()
+        )
     return procs
 
 
-def wait_ready(
-    urls: Sequence[str], procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 600.0
-) -> None:
-    """Wait until every replica answers ``/health`` 200; raise ``RuntimeError`` if one exits or
-    the time runs out."""
-    deadline = time.monotonic() + timeout_s
-    pending = dict(zip(urls, procs, strict=True))
-    with httpx.Client(timeout=2.0) as client:
-        while pending and time.monotonic() < deadline:
-            for url, proc in list(pending.items()):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"vLLM replica {url} exited with {proc.returncode}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{url}/health").status_code == 200:
-                        pending.pop(url)
-            if pending:
-                time.sleep(0.5)
-    if pending:
-        raise RuntimeError(f"vLLM replicas not ready after {timeout_s:.0f}s: {sorted(pending)}")
+def wait_ready(urls: Sequence[str], procs: Sequence[ManagedProcess], timeout_s: float = 600.0) -> None:
+    """Wait until every replica answers ``/health`` 200 (vLLM refuses connections until then);
+    raise :class:`kit.procs.ProcessStartError` (a ``RuntimeError``, with the log tail) as soon as
+    one exits, or when the time runs out."""
+    checks = [http_ready(f"{url}/health") for url in urls]
+    wait_all_ready(list(zip(procs, checks, strict=True)), timeout_s, max_interval=0.5)
 
 
-def stop_replicas(procs: Sequence[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
-    """SIGTERM each replica's process group, SIGKILL what is left after ``grace_s``, reap."""
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(p.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(timeout=5)
+def stop_replicas(procs: Sequence[ManagedProcess], grace_s: float = 10.0) -> None:
+    """SIGTERM every replica's process group (engine core and workers included), SIGKILL what is
+    left after ``grace_s``, reap."""
+    stop_all(procs, grace_s)

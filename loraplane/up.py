@@ -19,9 +19,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from kit.procs import ManagedProcess
 
 log = logging.getLogger("loraplane.up")
 
@@ -138,9 +141,12 @@ class VllmOptions:
     extra_args: tuple[str, ...] = ()
 
 
-def start_vllm(opts: VllmOptions, n: int, served_name: str, data_dir: Path) -> tuple[list[str], list[Any]]:
-    """Start ``n`` vLLM replicas (logs under ``data_dir/logs``) and wait until they are ready."""
-    from kit.localservices import free_port
+def start_vllm(
+    opts: VllmOptions, n: int, served_name: str, data_dir: Path
+) -> tuple[list[str], list[ManagedProcess]]:
+    """Start ``n`` vLLM replicas (logs under ``data_dir/logs``) and wait until they are ready;
+    stop them all if one exits or the time runs out."""
+    from kit.procs import free_port
     from loraplane import engine_launch as el
 
     ports = [free_port() for _ in range(n)]
@@ -200,7 +206,7 @@ async def run_up(
     from registry.settings import RegistrySettings
     from registry.storage.base import make_store
     from router import PoolConfig, Router, RouterSettings
-    from simulator.procs import start_simulators, stop_all
+    from simulator.procs import SimProcess, start_simulators, stop_all
 
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -224,8 +230,8 @@ async def run_up(
             ensure_base_model(s, spec)
 
     await asyncio.to_thread(bootstrap)
-    sims: list[Any] = []
-    engines: list[Any] = []
+    sims: list[SimProcess] = []
+    engines: list[ManagedProcess] = []
     if replica_engine == "vllm":
         assert vllm is not None
         urls, engines = await asyncio.to_thread(start_vllm, vllm, replicas, base_model, data_dir)

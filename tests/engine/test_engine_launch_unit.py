@@ -81,7 +81,10 @@ def test_start_wait_and_stop_kill_the_whole_group(tmp_path: Path) -> None:
         assert all(alive(pid) for pid in grandchildren)
     finally:
         el.stop_replicas(procs, grace_s=5)
-    assert all(p.poll() is not None for p in procs)
+    assert not any(p.alive() for p in procs)
+    assert all(
+        p.log_path == tmp_path / "logs" / f"vllm-{port}.log" for p, port in zip(procs, ports, strict=True)
+    )
     deadline = time.monotonic() + 5
     while any(alive(pid) for pid in grandchildren) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -90,7 +93,7 @@ def test_start_wait_and_stop_kill_the_whole_group(tmp_path: Path) -> None:
 
 def test_wait_ready_reports_an_exited_replica(tmp_path: Path) -> None:
     procs = el.start_vllm_replicas("/m", 1, "/bin/false", [free_port()], served_name="m", log_dir=tmp_path)
-    with pytest.raises(RuntimeError, match="exited"):
+    with pytest.raises(RuntimeError, match="exited early with status 1"):
         el.wait_ready(["http://127.0.0.1:9"], procs, timeout_s=10)
     el.stop_replicas(procs)
 
