@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ from gateway.ratelimit import (
     make_plan,
     rate_limit_headers,
     rejection_message,
+    retry_after,
 )
 from gateway.resolve import Resolution, resolve
 from gateway.service import Gateway
@@ -177,7 +177,7 @@ class GatewayApp:
                 default_max_tokens=gw.settings.default_max_tokens,
                 chars_per_token=gw.settings.chars_per_token,
             )
-            lease = await self._admit(ctx, tenant, res, est)
+            lease = await self._admit(ctx, snap, tenant, res, est)
             fwd = ForwardRequest(
                 request_id=ctx.request_id.decode(),
                 tenant_id=tenant.id,
@@ -235,16 +235,23 @@ class GatewayApp:
         except LimiterUnavailable:
             self.gw.limiter_failed(True)
 
-    async def _admit(self, ctx: _Ctx, tenant: TenantInfo, res: Resolution, est: int) -> Lease | None:
+    async def _admit(
+        self, ctx: _Ctx, snap: RoutingSnapshot, tenant: TenantInfo, res: Resolution, est: int
+    ) -> Lease | None:
+        """Every level's limits (tenant, grant, adapter, owner) in one atomic admission."""
         gw = self.gw
         lim = tenant.limits
         grant = res.grant
+        adapter = res.adapter
+        owner = adapter.owner if adapter is not None else None
         plan = make_plan(
             tenant_id=tenant.id, rpm=lim.rpm, tpm=lim.tpm, max_concurrency=lim.max_concurrency,
-            estimated_tokens=est, adapter_id=res.adapter.id if res.adapter else None,
+            estimated_tokens=est, adapter_id=adapter.id if adapter else None,
             grant_rpm=grant.rpm if grant else None, grant_tpm=grant.tpm if grant else None,
+            adapter_limits=adapter.limits if adapter else None,
+            owner=owner, owner_limits=snap.owners.get(owner) if owner is not None else None,
         )  # fmt: skip
-        if not plan.buckets and plan.concurrency_key is None:
+        if not plan.buckets and not plan.slots:
             return None
         try:
             adm: AdmitResult = await gw.limiter.admit(plan)
@@ -269,7 +276,8 @@ class GatewayApp:
                 429,
                 "rate_limit_exceeded",
                 rejection_message(adm),
-                retry_after=max(1, math.ceil(adm.retry_after_s)),
+                retry_after=retry_after(adm),
+                details=adm.details(),
             )
         return adm.lease
 

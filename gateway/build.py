@@ -43,7 +43,7 @@ def make_limiter(settings: GatewaySettings, redis: Any | None = None) -> Limiter
     return RedisLimiter(
         redis,
         prefix=settings.redis_prefix,
-        lease_s=settings.concurrency_lease_s,
+        lease_s=settings.lease_s,
         timeout_s=settings.redis_timeout_s,
     )
 

@@ -38,6 +38,7 @@ class GatewayError(Exception):
         *,
         param: str | None = None,
         retry_after: int | None = None,
+        details: dict[str, object] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -45,15 +46,20 @@ class GatewayError(Exception):
         self.message = message
         self.param = param
         self.retry_after = retry_after
+        self.details = details
 
     def body(self) -> bytes:
-        return error_body(self.status, self.code, self.message, self.param)
+        return error_body(self.status, self.code, self.message, self.param, self.details)
 
 
-def error_body(status: int, code: str, message: str, param: str | None = None) -> bytes:
-    return orjson.dumps(
-        {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
-    )
+def error_body(
+    status: int, code: str, message: str, param: str | None = None, details: dict[str, object] | None = None
+) -> bytes:
+    """OpenAI's error object; ``details`` (e.g. which rate limit a 429 hit) is added when given."""
+    err: dict[str, object] = {"message": message, "type": error_type(status), "param": param, "code": code}
+    if details is not None:
+        err["details"] = details
+    return orjson.dumps({"error": err})
 
 
 def invalid(message: str, param: str | None = None) -> GatewayError:

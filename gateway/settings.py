@@ -45,10 +45,12 @@ class GatewaySettings(LoraplaneSettings):
     chars_per_token: float = Field(
         default=4.0, description="Prompt-token estimate at admission: characters of the prompt / this."
     )
-    concurrency_lease_s: float = Field(
-        default=900.0,
-        description="Safety expiry of a concurrency slot in Redis, so a crashed gateway process cannot "
-        "hold slots forever (slots are released explicitly on every exit path before that).",
+    lease_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Lease of a concurrency slot in Redis (SPEC §17): the gateway process holding it "
+        "renews it every lease_s/3 while the request runs, so a slot of a process that died "
+        "(SIGKILL, lost host) frees within lease_s; a live request keeps its slot however long it runs.",
     )
     key_cache_size: int = Field(
         default=10000, description="API keys remembered per registry revision (lookup cache)."

@@ -54,6 +54,15 @@ class VersionInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class Limits:
+    """rpm / tpm / max_concurrency of one level (tenant, adapter, owner); None = unlimited."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrency: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AdapterInfo:
     id: str
     base_model: str
@@ -63,6 +72,8 @@ class AdapterInfo:
     canary_weight: int | None
     versions: dict[str, VersionInfo] = field(default_factory=dict)  # "v1" → VersionInfo
     hot: bool = False  # marked hot: the router keeps the active version prewarmed (SPEC §8)
+    owner: str | None = None
+    limits: Limits = Limits()  # shared by every tenant (SPEC §15)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +82,6 @@ class BaseModelInfo:
     hf_id: str
     max_lora_rank: int
     target_modules: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    rpm: int | None = None
-    tpm: int | None = None
-    max_concurrency: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,3 +115,4 @@ class RoutingSnapshot:
     adapters: dict[str, AdapterInfo] = field(default_factory=dict)
     tenants: dict[str, TenantInfo] = field(default_factory=dict)
     keys_by_prefix: dict[str, tuple[KeyInfo, ...]] = field(default_factory=dict)  # only non-revoked keys
+    owners: dict[str, Limits] = field(default_factory=dict)  # owner → limits over all its adapters

@@ -1,4 +1,5 @@
-"""Tenant rate limits (SPEC §7): token buckets for rpm/tpm, slots for concurrency.
+"""Rate limits (SPEC §7, §15) per tenant, grant, adapter and owner: token buckets for rpm/tpm,
+slots with leases for concurrency.
 
 ``MemoryLimiter`` (embedded default) and ``RedisLimiter`` (one Lua script per admission,
 atomic across gateway processes) share the semantics described in :mod:`gateway.ratelimit.base`.
@@ -10,12 +11,15 @@ from gateway.ratelimit.base import (
     Bucket,
     BucketState,
     Lease,
+    LevelLimits,
     Limiter,
     LimiterUnavailable,
+    Slot,
     format_reset,
     make_plan,
     rate_limit_headers,
     rejection_message,
+    retry_after,
 )
 from gateway.ratelimit.memory import MemoryLimiter
 from gateway.ratelimit.redis_limiter import RedisLimiter
@@ -26,12 +30,15 @@ __all__ = [
     "Bucket",
     "BucketState",
     "Lease",
+    "LevelLimits",
     "Limiter",
     "LimiterUnavailable",
     "MemoryLimiter",
     "RedisLimiter",
+    "Slot",
     "format_reset",
     "make_plan",
     "rate_limit_headers",
     "rejection_message",
+    "retry_after",
 ]

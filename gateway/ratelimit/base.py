@@ -5,10 +5,14 @@ bucket of capacity ``L`` refilled at ``L/60`` per second; a request takes ``cost
 (1 for rpm, the estimated tokens for tpm). ``remaining`` is the whole tokens left,
 ``reset`` the time until the bucket is full again (what OpenAI's ``x-ratelimit-reset-*``
 means), and a rejection's ``Retry-After`` the time until the bucket holds ``cost``.
-Concurrency is a count of open slots (in Redis a sorted set of leases with a safety expiry).
+Concurrency is a count of open slots (in Redis a sorted set of leases, each scored by its
+expiry: the process holding it renews it every ``lease_s / 3``, so a slot of a live request is
+kept however long the request runs, and a slot of a process that died frees within ``lease_s``).
 
-One admission checks every applicable limit (tenant rpm/tpm/concurrency, grant rpm/tpm) and
-only then commits all of them: a rejection consumes nothing. At the end of the answer,
+Levels (SPEC §7, §15): ``tenant`` (rpm, tpm, concurrency), ``grant`` (the tenant on one adapter:
+rpm, tpm), ``adapter`` (shared by every tenant: rpm, tpm, concurrency) and ``owner`` (every
+adapter of one owner: rpm, tpm, concurrency). One admission checks every applicable limit of
+every level and only then commits all of them: a rejection consumes nothing. At the end of the answer,
 :meth:`Limiter.settle` corrects the tpm buckets by ``actual - estimated`` tokens (a refund is
 capped at the capacity; an overrun may drive a bucket below zero, down to ``-capacity``) and
 releases the concurrency slot. Settling is idempotent.
@@ -23,7 +27,18 @@ from typing import Literal, Protocol
 from kit.ids import new_id
 
 Kind = Literal["rpm", "tpm", "concurrency"]
-Scope = Literal["tenant", "grant"]
+Scope = Literal["tenant", "grant", "adapter", "owner"]
+
+
+class LevelLimits(Protocol):
+    """rpm / tpm / max_concurrency of one level (``registry.snapshot.Limits`` has this shape)."""
+
+    @property
+    def rpm(self) -> int | None: ...
+    @property
+    def tpm(self) -> int | None: ...
+    @property
+    def max_concurrency(self) -> int | None: ...
 
 
 class LimiterUnavailable(Exception):
@@ -40,10 +55,18 @@ class Bucket:
 
 
 @dataclass(frozen=True, slots=True)
+class Slot:
+    """A concurrency limit: at most ``limit`` leases open under ``key`` at once."""
+
+    key: str  # store key, without the global prefix
+    scope: Scope
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
 class AdmissionPlan:
     buckets: tuple[Bucket, ...] = ()
-    concurrency_key: str | None = None
-    concurrency_limit: int | None = None
+    slots: tuple[Slot, ...] = ()
     estimated_tokens: int = 0
 
 
@@ -60,7 +83,7 @@ class Lease:
 
     token_buckets: tuple[Bucket, ...]
     estimated_tokens: int
-    concurrency_key: str | None
+    slot_keys: tuple[str, ...]  # concurrency keys holding this lease
     lease_id: str = field(default_factory=new_id)
     settled: bool = False
 
@@ -74,6 +97,15 @@ class AdmitResult:
     rejected_limit: int | None = None
     retry_after_s: float = 0.0
     lease: Lease | None = None
+
+    def details(self) -> dict[str, object]:
+        """The 429's ``details``: which level and which limit was hit, and when to retry."""
+        return {
+            "level": self.rejected_scope,
+            "limit": "max_concurrency" if self.rejected_kind == "concurrency" else self.rejected_kind,
+            "value": self.rejected_limit,
+            "retry_after_s": round(self.retry_after_s, 3),
+        }
 
 
 class Limiter(Protocol):
@@ -106,34 +138,46 @@ def make_plan(
     adapter_id: str | None = None,
     grant_rpm: int | None = None,
     grant_tpm: int | None = None,
+    adapter_limits: LevelLimits | None = None,
+    owner: str | None = None,
+    owner_limits: LevelLimits | None = None,
 ) -> AdmissionPlan:
-    """The limits that apply to one request (None = unlimited, left out)."""
+    """The limits that apply to one request (None = unlimited, left out).
+
+    ``adapter_limits`` apply with ``adapter_id``; ``owner_limits`` with ``owner`` (the adapter's).
+    """
     buckets: list[Bucket] = []
-    if rpm is not None:
-        buckets.append(Bucket(f"t:{tenant_id}:rpm", "rpm", "tenant", rpm, 1))
-    if tpm is not None:
-        buckets.append(Bucket(f"t:{tenant_id}:tpm", "tpm", "tenant", tpm, estimated_tokens))
+    slots: list[Slot] = []
+
+    def level(prefix: str, scope: Scope, r: int | None, t: int | None, c: int | None) -> None:
+        if r is not None:
+            buckets.append(Bucket(f"{prefix}:rpm", "rpm", scope, r, 1))
+        if t is not None:
+            buckets.append(Bucket(f"{prefix}:tpm", "tpm", scope, t, estimated_tokens))
+        if c is not None:
+            slots.append(Slot(f"{prefix}:conc", scope, c))
+
+    level(f"t:{tenant_id}", "tenant", rpm, tpm, max_concurrency)
     if adapter_id is not None:
-        if grant_rpm is not None:
-            buckets.append(Bucket(f"g:{tenant_id}:{adapter_id}:rpm", "rpm", "grant", grant_rpm, 1))
-        if grant_tpm is not None:
-            buckets.append(
-                Bucket(f"g:{tenant_id}:{adapter_id}:tpm", "tpm", "grant", grant_tpm, estimated_tokens)
-            )
-    return AdmissionPlan(
-        buckets=tuple(buckets),
-        concurrency_key=f"t:{tenant_id}:conc" if max_concurrency is not None else None,
-        concurrency_limit=max_concurrency,
-        estimated_tokens=estimated_tokens,
-    )
+        level(f"g:{tenant_id}:{adapter_id}", "grant", grant_rpm, grant_tpm, None)
+        if adapter_limits is not None:
+            a = adapter_limits
+            level(f"a:{adapter_id}", "adapter", a.rpm, a.tpm, a.max_concurrency)
+    if owner is not None and owner_limits is not None:
+        o = owner_limits
+        level(f"o:{owner}", "owner", o.rpm, o.tpm, o.max_concurrency)
+    return AdmissionPlan(buckets=tuple(buckets), slots=tuple(slots), estimated_tokens=estimated_tokens)
 
 
-def lease_for(plan: AdmissionPlan) -> Lease:
-    return Lease(
+def lease_for(plan: AdmissionPlan, lease_id: str | None = None) -> Lease:
+    lease = Lease(
         token_buckets=tuple(b for b in plan.buckets if b.kind == "tpm"),
         estimated_tokens=plan.estimated_tokens,
-        concurrency_key=plan.concurrency_key,
+        slot_keys=tuple(s.key for s in plan.slots),
     )
+    if lease_id is not None:
+        lease.lease_id = lease_id
+    return lease
 
 
 def format_reset(seconds: float) -> str:
@@ -168,13 +212,26 @@ def rate_limit_headers(states: list[BucketState]) -> list[tuple[bytes, bytes]]:
     return out
 
 
+_WHO: dict[str, str] = {
+    "tenant": "the tenant",
+    "grant": "the tenant for this adapter (grant)",
+    "adapter": "the adapter, shared by all tenants",
+    "owner": "the adapter's owner, shared by all of its adapters",
+}
+
+
 def rejection_message(result: AdmitResult) -> str:
-    kind, scope, limit = result.rejected_kind, result.rejected_scope, result.rejected_limit
-    who = "tenant" if scope == "tenant" else "tenant for this adapter (grant)"
+    kind, limit = result.rejected_kind, result.rejected_limit
+    who = _WHO.get(result.rejected_scope or "tenant", "the tenant")
     if kind == "rpm":
-        what = f"requests per minute limit of the {who} ({limit} rpm)"
+        what = f"requests per minute limit of {who} ({limit} rpm)"
     elif kind == "tpm":
-        what = f"tokens per minute limit of the {who} ({limit} tpm)"
+        what = f"tokens per minute limit of {who} ({limit} tpm)"
     else:
-        what = f"concurrent requests limit of the tenant ({limit})"
-    return f"Rate limit exceeded: {what}. Retry after {max(1, math.ceil(result.retry_after_s))}s."
+        what = f"concurrent requests limit of {who} ({limit})"
+    return f"Rate limit exceeded: {what}. Retry after {retry_after(result)}s."
+
+
+def retry_after(result: AdmitResult) -> int:
+    """Whole seconds for ``Retry-After`` (at least 1)."""
+    return max(1, math.ceil(result.retry_after_s))

@@ -44,20 +44,17 @@ class MemoryLimiter:
             if lvl < b.cost:
                 wait = 60.0 if b.cost > b.limit else (b.cost - lvl) / _rate(b.limit)
                 return AdmitResult(False, self._states(plan, levels, False), b.kind, b.scope, b.limit, wait)
-        if plan.concurrency_key is not None and plan.concurrency_limit is not None:
-            held = self._slots.setdefault(plan.concurrency_key, set())
-            if len(held) >= plan.concurrency_limit:
+        for slot in plan.slots:
+            if len(self._slots.get(slot.key, ())) >= slot.limit:
+                # one process: every slot belongs to a live request of this process
                 return AdmitResult(
-                    False, self._states(plan, levels, False), "concurrency", "tenant",
-                    plan.concurrency_limit, 1.0,
-                )  # fmt: skip
+                    False, self._states(plan, levels, False), "concurrency", slot.scope, slot.limit, 1.0
+                )
         lease = lease_for(plan)
         for b, lvl in zip(plan.buckets, levels, strict=True):
             self._buckets[b.key] = (lvl - b.cost, now)
-        if plan.concurrency_key is not None and plan.concurrency_limit is not None:
-            self._slots[plan.concurrency_key].add(lease.lease_id)
-        else:
-            lease.concurrency_key = None
+        for slot in plan.slots:
+            self._slots.setdefault(slot.key, set()).add(lease.lease_id)
         return AdmitResult(True, self._states(plan, levels, True), lease=lease)
 
     async def peek(self, plan: AdmissionPlan) -> list[BucketState]:
@@ -74,8 +71,12 @@ class MemoryLimiter:
             for b in lease.token_buckets:
                 lvl = self._level(b, now)
                 self._buckets[b.key] = (max(-float(b.limit), min(float(b.limit), lvl - delta)), now)
-        if lease.concurrency_key is not None:
-            self._slots.get(lease.concurrency_key, set()).discard(lease.lease_id)
+        for key in lease.slot_keys:
+            held = self._slots.get(key)
+            if held is not None:
+                held.discard(lease.lease_id)
+                if not held:
+                    del self._slots[key]
 
     def in_use(self, concurrency_key: str) -> int:
         """Open concurrency slots (for tests and /readyz)."""

@@ -58,7 +58,9 @@ async def env() -> AsyncIterator[Env]:
 
 def err(r: httpx.Response) -> dict[str, Any]:
     body = r.json()
-    assert set(body["error"]) == {"message", "type", "param", "code"}
+    # OpenAI's four fields; a 429 adds ``details`` (which level and limit, SPEC §15)
+    want = {"message", "type", "param", "code"} | ({"details"} if r.status_code == 429 else set())
+    assert set(body["error"]) == want
     return body["error"]
 
 
