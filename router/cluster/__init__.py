@@ -1,0 +1,16 @@
+"""Cluster-wide replica state shared by gateway processes (SPEC §17); see ``router.cluster.base``."""
+
+from router.cluster.base import OCCUPYING, Claim, ClusterState, ReplicaShare, SharedRecord
+from router.cluster.memory import MemoryCluster
+from router.cluster.redis_state import RedisCluster, new_pid
+
+__all__ = [
+    "OCCUPYING",
+    "Claim",
+    "ClusterState",
+    "MemoryCluster",
+    "RedisCluster",
+    "ReplicaShare",
+    "SharedRecord",
+    "new_pid",
+]

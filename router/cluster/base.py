@@ -1,0 +1,113 @@
+"""What several gateway processes must agree on about the replicas (SPEC §17), as one interface.
+
+Per replica the cluster keeps **residency records** (lora_name → state, the process that wrote
+it, when) and **in-flight marks** (which processes have requests in flight for an adapter
+there, or are waiting for its load). Every process keeps its own copy of both for placement
+(refreshed every ``cluster_sync_s``: bounded staleness, no round trip per decision); the
+operations below are the atomic checks that make the copies safe to act on:
+
+- ``mark`` before a request uses (or waits for) an adapter on a replica: refused while the
+  adapter is being unloaded there. ``unmark`` when it is done (the mark lingers briefly, so
+  back-to-back requests don't write each time).
+- ``claim`` before a load: ``present`` (someone has it or is loading it), ``reserved`` (this
+  process now owns the load; ``evict`` lists the residents it must unload first, already
+  marked ``unloading`` for it), ``full`` (no room: every resident is busy) or ``failed``
+  (another process's load failed since ``since``). The record count of a replica — loading,
+  resident and unloading together — never exceeds ``max_adapters``.
+- ``begin_unload`` refuses while any live process has a mark on the adapter there.
+- Processes hold a liveness lease renewed every ``lease_s``/3; records and marks of a process
+  whose lease expired are ignored and cleared, so a crashed gateway never pins an adapter.
+- ``lead(name)``: one process at a time runs cluster-wide chores (hot prewarm, unloads of
+  disabled versions), under a renewed lease.
+
+``MemoryCluster`` is the in-process implementation (one gateway: ``loraplane up``);
+``RedisCluster`` shares the same state through Redis (Lua for every read-modify-write) and
+falls back to in-process behaviour while Redis is unreachable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from router.placement.types import ResidencyState
+
+ClaimOutcome = Literal["present", "reserved", "full", "failed"]
+# States that occupy a slot of ``max_adapters`` (``failed`` does not).
+OCCUPYING: frozenset[str] = frozenset({"staging", "loading", "resident", "unloading"})
+
+
+@dataclass(frozen=True, slots=True)
+class SharedRecord:
+    """One adapter version's residency on one replica, as the cluster knows it."""
+
+    state: ResidencyState
+    pid: str  # the process that wrote it (owner of a load or unload in progress)
+    ts: float  # wall-clock seconds when it was written
+    failure: str = ""  # failed: why
+    retry_elsewhere: bool = True  # failed: whether another replica may succeed
+    reason: str = ""  # failed: message
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    outcome: ClaimOutcome
+    record: SharedRecord | None = None  # present / failed: the record found
+    evict: tuple[str, ...] = ()  # reserved: unload these first (marked unloading for us)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaShare:
+    """The cluster's view of one replica: records, and live marks of *other* processes."""
+
+    records: dict[str, SharedRecord] = field(default_factory=dict)
+    remote_marks: dict[str, int] = field(default_factory=dict)  # lora_name → other live processes
+
+
+class ClusterState(Protocol):
+    """See the module docstring. Every method is safe to call concurrently."""
+
+    pid: str
+
+    @property
+    def shared(self) -> bool:
+        """True while the state is shared with other processes (Redis reachable)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def mark(self, url: str, lora_name: str) -> bool: ...
+
+    def unmark(self, url: str, lora_name: str) -> None: ...
+
+    async def claim(
+        self, url: str, lora_name: str, max_adapters: int, candidates: Sequence[str], since: float
+    ) -> Claim: ...
+
+    async def set_state(
+        self,
+        url: str,
+        lora_name: str,
+        state: ResidencyState,
+        *,
+        failure: str = "",
+        retry_elsewhere: bool = True,
+        reason: str = "",
+    ) -> None: ...
+
+    async def drop(self, url: str, lora_name: str) -> None: ...
+
+    async def record(self, url: str, lora_name: str) -> SharedRecord | None: ...
+
+    async def begin_unload(self, url: str, lora_name: str) -> bool: ...
+
+    async def end_unload(self, url: str, lora_name: str, ok: bool) -> None: ...
+
+    async def sync_models(self, url: str, listed: Iterable[str], asked_at: float) -> None: ...
+
+    async def read(self, urls: Sequence[str]) -> dict[str, ReplicaShare] | None: ...
+
+    async def lead(self, name: str) -> bool: ...

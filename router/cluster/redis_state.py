@@ -1,0 +1,371 @@
+"""``RedisCluster``: the cluster state of ``router.cluster.base`` shared through Redis.
+
+Every read-modify-write is one Lua script (``router.cluster.lua``). The hot path pays a round
+trip only when this process starts using an adapter on a replica (its first in-flight request
+there, or the first after the mark's linger ran out); marks are released in batches after
+``linger_s`` and re-asserted on every heartbeat (so a restarted, empty Redis learns them again).
+
+Redis unreachable: every operation falls back to an in-process ``MemoryCluster`` (each process
+decides alone: singleflight within the process only), logged once per transition; the heartbeat
+keeps trying and the shared state is used again as soon as Redis answers (SPEC §18).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from router.cluster import lua
+from router.cluster.base import Claim, ReplicaShare, SharedRecord
+from router.cluster.memory import MemoryCluster
+from router.placement.types import ResidencyState
+
+log = logging.getLogger("loraplane.router.cluster")
+
+
+def new_pid() -> str:
+    return f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def parse_record(raw: bytes | str) -> SharedRecord | None:
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(d, dict) or not isinstance(d.get("state"), str):
+        return None
+    return SharedRecord(
+        state=d["state"],
+        pid=str(d.get("pid") or ""),
+        ts=float(d.get("ts") or 0.0),
+        failure=str(d.get("failure") or ""),
+        retry_elsewhere=bool(d.get("retry_elsewhere", True)),
+        reason=str(d.get("reason") or ""),
+    )
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class RedisCluster:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        prefix: str,
+        *,
+        lease_s: float = 30.0,
+        linger_s: float = 2.0,
+        pid: str | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.pid = pid or new_pid()
+        self._redis = redis
+        self._p = prefix
+        self._lease_ms = int(lease_s * 1000)
+        self._linger_s = linger_s
+        self._wall = wall
+        self._down = False
+        self._counts: dict[tuple[str, str], int] = {}  # this process's in-flight per (url, lora)
+        self._local = MemoryCluster(self.pid, wall=wall, counts=self._counts)
+        self._published: dict[tuple[str, str], str] = {}  # marks written to Redis → their token
+        self._idle_since: dict[tuple[str, str], float] = {}  # count reached 0 at (wall)
+        self._tokens = itertools.count(1)
+        self._tasks: list[asyncio.Task[None]] = []
+        r = redis
+        self._mark = r.register_script(lua.MARK)
+        self._unmark = r.register_script(lua.UNMARK)
+        self._claim = r.register_script(lua.CLAIM)
+        self._begin_unload = r.register_script(lua.BEGIN_UNLOAD)
+        self._sync = r.register_script(lua.SYNC)
+        self._heartbeat = r.register_script(lua.HEARTBEAT)
+        self._lead = r.register_script(lua.LEAD)
+        self._resign = r.register_script(lua.RESIGN)
+        self._leading: set[str] = set()
+
+    # ------------------------------------------------------------------ keys
+
+    def _res(self, url: str) -> str:
+        return f"{self._p}cl:res:{url}"
+
+    def _marks(self, url: str) -> str:
+        return f"{self._p}cl:mark:{url}"
+
+    @property
+    def _procs(self) -> str:
+        return f"{self._p}cl:procs"
+
+    # ------------------------------------------------------------------ health of the shared store
+
+    @property
+    def shared(self) -> bool:
+        return not self._down
+
+    def _failed(self, exc: Exception) -> None:
+        if not self._down:
+            self._down = True
+            log.error(
+                "redis unreachable: cluster state is per process until it is back "
+                "(loads are singleflight within this process only)",
+                extra={"error": str(exc)},
+            )
+
+    def _recovered(self) -> None:
+        if self._down:
+            self._down = False
+            log.warning("redis reachable again: cluster state shared again")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await self._beat()
+        self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="cluster-heartbeat"))
+        self._tasks.append(asyncio.create_task(self._flush_loop(), name="cluster-unmark"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        with contextlib.suppress(RedisError, OSError):  # a goodbye: our marks and leases go at once
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for (url, lora), token in self._published.items():
+                    pipe.hdel(self._marks(url), f"{lora}|{self.pid}")
+                    del token
+                pipe.zrem(self._procs, self.pid)
+                await pipe.execute()
+            for name in list(self._leading):
+                await self._resign(keys=[f"{self._p}cl:lead:{name}"], args=[self.pid])
+        self._published.clear()
+
+    async def _beat(self) -> None:
+        try:
+            await self._heartbeat(keys=[self._procs], args=[self.pid, self._lease_ms])
+            if self._published:  # re-assert (Redis may have restarted empty)
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for (url, lora), token in self._published.items():
+                        pipe.hset(self._marks(url), f"{lora}|{self.pid}", token)
+                    await pipe.execute()
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+            return
+        self._recovered()
+
+    async def _heartbeat_loop(self) -> None:
+        period = max(self._lease_ms / 3000.0, 0.05)
+        while True:
+            await asyncio.sleep(period if not self._down else min(period, 1.0))
+            await self._beat()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(self._linger_s / 2, 0.05))
+            await self.flush_marks()
+
+    async def flush_marks(self, *, force: bool = False) -> None:
+        """Release the marks whose adapter has had nothing in flight here for ``linger_s``."""
+        now = self._wall()
+        due = [
+            k
+            for k, since in self._idle_since.items()
+            if (force or now - since >= self._linger_s) and self._counts.get(k, 0) == 0
+        ]
+        by_url: dict[str, list[str]] = {}
+        for k in due:
+            del self._idle_since[k]
+            token = self._published.pop(k, None)
+            if token is not None:
+                by_url.setdefault(k[0], []).extend((f"{k[1]}|{self.pid}", token))
+        if not by_url or self._down:
+            return
+        try:
+            for url, args in by_url.items():
+                await self._unmark(keys=[self._marks(url)], args=args)
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+
+    # ------------------------------------------------------------------ marks
+
+    async def mark(self, url: str, lora_name: str) -> bool:
+        key = (url, lora_name)
+        self._idle_since.pop(key, None)
+        if self._down:
+            return await self._local.mark(url, lora_name)
+        self._counts[key] = self._counts.get(key, 0) + 1
+        if key in self._published:
+            return True  # our mark is live: nobody can have started unloading it since
+        token = str(next(self._tokens))
+        try:
+            ok = await self._mark(
+                keys=[self._res(url), self._marks(url), self._procs], args=[lora_name, self.pid, token]
+            )
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+            return True
+        if not ok:
+            self.unmark(url, lora_name)
+            return False
+        self._published[key] = token
+        return True
+
+    def unmark(self, url: str, lora_name: str) -> None:
+        key = (url, lora_name)
+        left = self._counts.get(key, 0) - 1
+        if left > 0:
+            self._counts[key] = left
+            return
+        self._counts.pop(key, None)
+        if key in self._published:
+            self._idle_since[key] = self._wall()
+
+    # ------------------------------------------------------------------ residency
+
+    async def claim(
+        self, url: str, lora_name: str, max_adapters: int, candidates: Sequence[str], since: float
+    ) -> Claim:
+        if self._down:
+            return await self._local.claim(url, lora_name, max_adapters, candidates, since)
+        args: list[Any] = [lora_name, max_adapters, self.pid, self._wall(), since, len(candidates)]
+        args.extend(candidates)
+        try:
+            out = await self._claim(keys=[self._res(url), self._marks(url), self._procs], args=args)
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+            return await self._local.claim(url, lora_name, max_adapters, candidates, since)
+        kind = _s(out[0])
+        if kind in ("present", "failed"):
+            return Claim(kind, parse_record(out[1]))  # type: ignore[arg-type]
+        if kind == "full":
+            return Claim("full")
+        return Claim("reserved", evict=tuple(_s(v) for v in out[1:]))
+
+    async def set_state(
+        self,
+        url: str,
+        lora_name: str,
+        state: ResidencyState,
+        *,
+        failure: str = "",
+        retry_elsewhere: bool = True,
+        reason: str = "",
+    ) -> None:
+        await self._local.set_state(
+            url, lora_name, state, failure=failure, retry_elsewhere=retry_elsewhere, reason=reason
+        )
+        rec: dict[str, Any] = {"state": state, "pid": self.pid, "ts": self._wall()}
+        if state == "failed":
+            rec.update(failure=failure, retry_elsewhere=retry_elsewhere, reason=reason[:200])
+        await self._write(lambda: self._redis.hset(self._res(url), lora_name, orjson.dumps(rec)))
+
+    async def drop(self, url: str, lora_name: str) -> None:
+        await self._local.drop(url, lora_name)
+        await self._write(lambda: self._redis.hdel(self._res(url), lora_name))
+
+    async def _write(self, op: Callable[[], Any]) -> None:
+        if self._down:
+            return
+        try:
+            await op()
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+
+    async def record(self, url: str, lora_name: str) -> SharedRecord | None:
+        if self._down:
+            return await self._local.record(url, lora_name)
+        try:
+            raw = await self._redis.hget(self._res(url), lora_name)
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+            return await self._local.record(url, lora_name)
+        return parse_record(raw) if raw else None
+
+    async def begin_unload(self, url: str, lora_name: str) -> bool:
+        if self._counts.get((url, lora_name), 0) > 0:
+            return False
+        if self._down:
+            return await self._local.begin_unload(url, lora_name)
+        try:
+            ok = await self._begin_unload(
+                keys=[self._res(url), self._marks(url), self._procs], args=[lora_name, self.pid, self._wall()]
+            )
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+            return await self._local.begin_unload(url, lora_name)
+        if ok:
+            await self._local.set_state(url, lora_name, "unloading")
+        return bool(ok)
+
+    async def end_unload(self, url: str, lora_name: str, ok: bool) -> None:
+        if ok:
+            await self.drop(url, lora_name)
+        else:
+            await self.set_state(url, lora_name, "resident")
+
+    async def sync_models(self, url: str, listed: Iterable[str], asked_at: float) -> None:
+        names = list(listed)
+        await self._local.sync_models(url, names, asked_at)
+        if self._down:
+            return
+        with contextlib.suppress(RedisError, OSError):
+            await self._sync(
+                keys=[self._res(url), self._procs],
+                args=[self.pid, self._wall(), asked_at, len(names), *names],
+            )
+
+    async def read(self, urls: Sequence[str]) -> dict[str, ReplicaShare] | None:
+        """Every replica's records and the live marks of other processes, in one round trip."""
+        if self._down or not urls:
+            return None
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.zrangebyscore(self._procs, int(self._wall() * 1000), "+inf")
+                for url in urls:
+                    pipe.hgetall(self._res(url))
+                    pipe.hgetall(self._marks(url))
+                out = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+            return None
+        live = {_s(p) for p in out[0]}
+        shares: dict[str, ReplicaShare] = {}
+        for i, url in enumerate(urls):
+            recs: dict[str, SharedRecord] = {}
+            for name, raw in out[1 + 2 * i].items():
+                rec = parse_record(raw)
+                if rec is not None:
+                    recs[_s(name)] = rec
+            remote: dict[str, int] = {}
+            for f in out[2 + 2 * i]:
+                lora, _, pid = _s(f).rpartition("|")
+                if pid != self.pid and pid in live:
+                    remote[lora] = remote.get(lora, 0) + 1
+            shares[url] = ReplicaShare(recs, remote)
+        return shares
+
+    async def lead(self, name: str) -> bool:
+        if self._down:
+            return True  # alone: do the chore here (SPEC §18: recover without a restart)
+        try:
+            got = bool(await self._lead(keys=[f"{self._p}cl:lead:{name}"], args=[self.pid, self._lease_ms]))
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+            return True
+        if got:
+            self._leading.add(name)
+        else:
+            self._leading.discard(name)
+        return got
