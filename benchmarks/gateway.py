@@ -32,7 +32,6 @@ import os
 import platform
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kit import localservices as ls  # noqa: E402
+from kit.procs import ManagedProcess, http_ready  # noqa: E402
+from kit.procs import stop_all as stop_procs  # noqa: E402
 from registry.adapter_factory import write_adapter  # noqa: E402
 from registry.admin_client import AdminClient  # noqa: E402
 from registry.demo import demo_base_model  # noqa: E402
@@ -89,37 +90,6 @@ def cpu_seconds(pid: int) -> float:
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def wait_http(
-    url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None, ok: tuple[int, ...] = (200,)
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code in ok:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} not ready after {timeout}s")
-
-
-def start(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    with open(log_path, "wb") as f:
-        return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
 
 
 def ensure_litellm() -> Path | None:
@@ -227,7 +197,7 @@ async def run_load(
 
 def setup_platform(
     work: Path, sim_url: str, adapters: int, limiter: str
-) -> tuple[list[subprocess.Popen[bytes]], str, str, list[str]]:
+) -> tuple[list[ManagedProcess], str, str, list[str]]:
     from registry import migrate
 
     db = f"sqlite:///{work / 'bench.db'}"
@@ -258,11 +228,11 @@ def setup_platform(
         env["LORAPLANE_REDIS_URL"] = ls.redis_server_url()
         env["LORAPLANE_REDIS_PREFIX"] = ls.unique_redis_prefix("bench")
     cli = [sys.executable, "-m", "loraplane.cli", "serve", "--role"]
-    reg = start([*cli, "registry"], env, work / "registry.log")
+    reg = ManagedProcess([*cli, "registry"], env=env, log_path=work / "registry.log").start()
     # the gateway's log lines go to a file (one JSON line per request, as in production)
-    gw = start([*cli, "gateway"], env, work / "gateway.log")
+    gw = ManagedProcess([*cli, "gateway"], env=env, log_path=work / "gateway.log").start()
     admin_url, gw_url = f"http://127.0.0.1:{admin_port}", f"http://127.0.0.1:{gw_port}"
-    wait_http(f"{admin_url}/admin/v1/healthz", 120, reg)
+    reg.wait_ready(http_ready(f"{admin_url}/admin/v1/healthz"), 120)
     with AdminClient(admin_url, TOKEN) as a:
         spec = demo_base_model()
         a.create_base_model(
@@ -283,7 +253,7 @@ def setup_platform(
         for i in range(adapters):
             a.put_grant("bench", f"bench-{i}")
         key = a.issue_key("bench")["key"]
-    wait_http(f"{gw_url}/readyz", 120, gw)
+    gw.wait_ready(http_ready(f"{gw_url}/readyz"), 120)
     # make every adapter resident (and the gateway's routing table current)
     for m in names:
         for _ in range(100):
@@ -311,9 +281,7 @@ def lora_names(sim_url: str) -> dict[str, str]:
     return out
 
 
-def start_litellm(
-    exe: Path, work: Path, sim_url: str, mapping: dict[str, str]
-) -> tuple[subprocess.Popen[bytes], str]:
+def start_litellm(exe: Path, work: Path, sim_url: str, mapping: dict[str, str]) -> tuple[ManagedProcess, str]:
     cfg_dir = work / "litellm"
     cfg_dir.mkdir()
     (cfg_dir / "custom_auth.py").write_text(CUSTOM_AUTH)
@@ -343,7 +311,7 @@ def start_litellm(
         "LITELLM_TELEMETRY": "False",
         "PYTHONPATH": str(cfg_dir),
     }
-    proc = start(
+    proc = ManagedProcess(
         [
             str(exe),
             "--config",
@@ -355,11 +323,11 @@ def start_litellm(
             "--num_workers",
             "1",
         ],
-        env | {"PWD": str(cfg_dir)},
-        work / "litellm.log",
-    )
+        env=env | {"PWD": str(cfg_dir)},
+        log_path=work / "litellm.log",
+    ).start()
     url = f"http://127.0.0.1:{port}"
-    wait_http(f"{url}/health/liveliness", 180, proc)
+    proc.wait_ready(http_ready(f"{url}/health/liveliness"), 180)
     return proc, url
 
 
@@ -415,28 +383,28 @@ def main() -> None:
     exe = None if args.skip_litellm else ensure_litellm()
     work = Path(tempfile.mkdtemp(prefix="lp-bench-gw-"))
     sims = start_simulators(1, extra_args=["--zero-latency", "--max-loras", "8", "--max-num-seqs", "1024"])
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[ManagedProcess] = []
     try:
         sim_url = sims[0].url
         log(f"simulator {sim_url}; starting registry + gateway (limiter: {args.limiter}) …")
         ps, gw_url, key, models = setup_platform(work, sim_url, args.adapters, args.limiter)
         procs += ps
         mapping = lora_names(sim_url)
-        sim_pid = sims[0].pid
-        assert sim_pid is not None
+        sim_pid, gw_pid = sims[0].pid, ps[0].pid
+        assert sim_pid is not None and gw_pid is not None
         targets: dict[str, tuple[str, str, list[str], int]] = {
             "direct": (f"{sim_url}/v1/chat/completions", "none", [mapping[m] for m in models], sim_pid),
-            "gateway": (f"{gw_url}/v1/chat/completions", key, models, ps[0].pid),
+            "gateway": (f"{gw_url}/v1/chat/completions", key, models, gw_pid),
         }
         if exe is not None:
             log("starting LiteLLM (one worker) …")
             lproc, lurl = start_litellm(exe, work, sim_url, {m: mapping[m] for m in models})
             procs.append(lproc)
+            assert lproc.pid is not None
             targets["litellm"] = (f"{lurl}/v1/chat/completions", "sk-bench-tenant", models, lproc.pid)
         rows = asyncio.run(measure(targets, concs, args.duration))
     finally:
-        for p in procs:
-            stop(p)
+        stop_procs(procs, grace_s=15)
         stop_all(sims)
     summary: dict[str, Any] = {}
     by = {(r["target"], r["stream"], r["concurrency"]): r for r in rows}

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,7 +37,8 @@ from typing import Any
 
 import httpx
 
-from kit.localservices import S3Server, free_port, start_s3_server
+from kit.localservices import S3Server, start_s3_server
+from kit.procs import ManagedProcess, free_port, http_ready
 from registry import migrate
 from registry.adapter_factory import write_adapter
 from registry.demo import demo_base_model
@@ -125,7 +125,9 @@ def multipart_stream(files: list[Path], chunk: int = MB) -> tuple[int, Iterator[
     return length, gen()
 
 
-def start_registry(s3: S3Server, bucket: str, workdir: Path, part: int, max_bytes: int) -> tuple[Any, str]:
+def start_registry(
+    s3: S3Server, bucket: str, workdir: Path, part: int, max_bytes: int
+) -> tuple[ManagedProcess, str]:
     db = workdir / "registry.db"
     migrate.upgrade(f"sqlite:///{db}")
     port = free_port()
@@ -144,23 +146,15 @@ def start_registry(s3: S3Server, bucket: str, workdir: Path, part: int, max_byte
         LORAPLANE_MAX_ADAPTER_BYTES=str(max_bytes),
         LORAPLANE_LOG_LEVEL="WARNING",
     )
-    log = open(workdir / "registry.log", "wb")  # noqa: SIM115 - lives as long as the process
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SERVER.format(port=port)], env=env, stdout=log, stderr=subprocess.STDOUT
-    )
+    argv = [sys.executable, "-c", SERVER.format(port=port)]
+    proc = ManagedProcess(argv, env=env, log_path=workdir / "registry.log", name="registry").start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"registry exited: {(workdir / 'registry.log').read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/admin/v1/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.terminate()
-    raise RuntimeError("registry did not start in 600 s")
+    try:
+        proc.wait_ready(http_ready(f"{url}/admin/v1/healthz", timeout=1.0), 600)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, url
 
 
 def push(url: str, adapter_id: str, files: list[Path]) -> tuple[float, dict[str, Any]]:
@@ -253,6 +247,7 @@ def main() -> None:
             print(f"[{i + 1}/{args.repeat}] raw boto3 upload_file, unsigned payload …", flush=True)
             same_times.append(raw_boto3(s3, bucket, weights, part, sign_payload=False))
             print(f"[{i + 1}/{args.repeat}] registry upload …", flush=True)
+            assert proc.pid is not None
             watch = RssWatch(proc.pid)
             dt, v = push(url, "bench", files)
             rss.append(watch.stop())
@@ -302,12 +297,7 @@ def main() -> None:
         print(f"wrote {args.out}")
     finally:
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+            proc.stop(grace_s=10)
         s3.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -10,18 +10,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from kit import localservices as ls
+from kit.procs import ManagedProcess, http_ready, wait_all_ready
+from kit.procs import stop_all as stop_procs
 from registry.adapter_factory import write_adapter
 from registry.admin_client import AdminClient
 from registry.demo import demo_base_model
@@ -35,7 +32,7 @@ class Platform:
     gateway_urls: list[str]
     admin: AdminClient
     workdir: Path
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    procs: list[ManagedProcess] = field(default_factory=list)
     keys: dict[str, str] = field(default_factory=dict)
 
     def upload(self, adapter_id: str, seed: int) -> str:
@@ -51,24 +48,6 @@ class Platform:
             self.admin.promote(adapter_id, promote)
 
 
-def _wait(url: str, timeout: float, procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
-    deadline = time.monotonic() + timeout
-    last = ""
-    while time.monotonic() < deadline:
-        for p, log in zip(procs, logs, strict=True):
-            if p.poll() is not None:
-                raise RuntimeError(f"process exited ({p.returncode}): {log.read_text()[-3000:]}")
-        try:
-            r = httpx.get(url, timeout=2)
-            if r.status_code == 200:
-                return
-            last = r.text
-        except httpx.HTTPError as e:
-            last = str(e)
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} not ready in {timeout}s: {last}")
-
-
 @contextlib.contextmanager
 def run_platform(s3: ls.S3Server, redis_url: str, *, gateways: int = 2) -> Iterator[Platform]:
     from registry import migrate
@@ -78,8 +57,7 @@ def run_platform(s3: ls.S3Server, redis_url: str, *, gateways: int = 2) -> Itera
     prefix = ls.unique_redis_prefix("gwe2e")
     bucket = s3.create_bucket()
     sims = []
-    procs: list[subprocess.Popen[bytes]] = []
-    logs: list[Path] = []
+    procs: list[ManagedProcess] = []
     with ls.temp_pg_database("gwe2e") as pg:
         migrate.upgrade(pg)
         try:
@@ -118,20 +96,14 @@ def run_platform(s3: ls.S3Server, redis_url: str, *, gateways: int = 2) -> Itera
                 ("gateway", {"LORAPLANE_GATEWAY_PORT": str(p)}) for p in gw_ports
             ]
             for i, (role, extra) in enumerate(roles):
+                argv = [sys.executable, "-m", "loraplane.cli", "serve", "--role", role]
                 log = workdir / f"{role}-{i}.log"
-                logs.append(log)
-                with open(log, "wb") as f:
-                    procs.append(
-                        subprocess.Popen(
-                            [sys.executable, "-m", "loraplane.cli", "serve", "--role", role],
-                            env={**env, **extra},
-                            stdout=f,
-                            stderr=subprocess.STDOUT,
-                            start_new_session=True,
-                        )
-                    )
+                procs.append(
+                    ManagedProcess(argv, env={**env, **extra}, log_path=log, name=f"{role}-{i}").start()
+                )
             admin_url = f"http://127.0.0.1:{admin_port}"
-            _wait(f"{admin_url}/admin/v1/healthz", 90, procs, logs)
+            gw_urls = [f"http://127.0.0.1:{p}" for p in gw_ports]
+            procs[0].wait_ready(http_ready(f"{admin_url}/admin/v1/healthz"), 90)
             admin = AdminClient(admin_url, ADMIN_TOKEN)
             spec = demo_base_model()
             admin.create_base_model(
@@ -141,23 +113,15 @@ def run_platform(s3: ls.S3Server, redis_url: str, *, gateways: int = 2) -> Itera
                 spec["target_modules"],
                 spec["module_shapes"],
             )
-            gw_urls = [f"http://127.0.0.1:{p}" for p in gw_ports]
-            for u in gw_urls:
-                _wait(f"{u}/readyz", 90, procs, logs)
+            wait_all_ready(
+                [(p, http_ready(f"{u}/readyz")) for p, u in zip(procs[1:], gw_urls, strict=True)], 90
+            )
             yield Platform(admin_url, gw_urls, admin, workdir, procs)
             admin.close()
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(timeout=5)
+            stop_procs(procs, grace_s=10)
             stop_all(sims)
             ls.flush_redis_prefix(redis_url, prefix)
-            for log in logs:
-                if log.exists() and os.environ.get("LORAPLANE_TEST_SHOW_LOGS"):
-                    print(log.name, log.read_text()[-4000:])
+            if os.environ.get("LORAPLANE_TEST_SHOW_LOGS"):
+                for p in procs:
+                    print(p.log_path.name, p.log_tail())
