@@ -1,5 +1,9 @@
 """ORM models of the registry (SQLAlchemy 2, sync). Rows never leave the ``registry`` package.
 
+Governance (SPEC §14): ``principals`` (role, owners), ``principal_tokens`` (hash + prefix,
+revocable), ``promotion_requests`` (approvals as a JSON list on the row, which approvers lock);
+``approvals_required`` on base models and (overriding, nullable) on adapters.
+
 Tables: ``base_models``, ``adapters`` (``hot``: marked hot by an operator, kept prewarmed by the
 router, SPEC §8), ``versions`` (``quality_gate`` with the ``quality_gate_details`` recorded with
 it, e.g. eval scores), ``tenants``, ``api_keys``, ``grants``,
@@ -57,6 +61,7 @@ class BaseModelRow(Base):
     target_modules: Mapped[list[str]] = mapped_column(sa.JSON)
     module_shapes: Mapped[dict[str, list[int]] | None] = mapped_column(sa.JSON, nullable=True)
     revision: Mapped[str | None] = mapped_column(sa.String(255), nullable=True)
+    approvals_required: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
@@ -72,6 +77,8 @@ class AdapterRow(Base):
     canary_version: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     canary_weight: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     hot: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
+    # null = the base model's approvals_required applies (SPEC §14)
+    approvals_required: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     versions: Mapped[list[VersionRow]] = relationship(
@@ -180,3 +187,62 @@ class RegistryStateRow(Base):
 
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
     revision: Mapped[int] = mapped_column(sa.Integer, default=0)
+
+
+class PrincipalRow(Base):
+    """An admin caller: one role, and for scoped roles the adapter owners it may act on."""
+
+    __tablename__ = "principals"
+
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    role: Mapped[str] = mapped_column(sa.String(16))
+    owners: Mapped[list[str]] = mapped_column(sa.JSON)
+    created_by: Mapped[str] = mapped_column(sa.String(255))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    __table_args__ = (
+        sa.CheckConstraint("role IN ('viewer', 'maintainer', 'approver', 'operator', 'admin')", name="role"),
+    )
+
+
+class PrincipalTokenRow(Base):
+    __tablename__ = "principal_tokens"
+
+    token_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    principal_id: Mapped[str] = mapped_column(sa.ForeignKey("principals.id"), index=True)
+    prefix: Mapped[str] = mapped_column(sa.String(32), index=True)
+    token_hash: Mapped[str] = mapped_column(sa.String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class PromotionRequestRow(Base):
+    """A promotion waiting for approvals. ``seen_*``: the adapter's state when it was requested
+    (a change makes the request ``stale``). ``approvals``: ``[{"principal", "at"}]``."""
+
+    __tablename__ = "promotion_requests"
+
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    adapter_id: Mapped[str] = mapped_column(sa.ForeignKey("adapters.id"))
+    version: Mapped[int] = mapped_column(sa.Integer)
+    canary_weight: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    force: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
+    requested_by: Mapped[str] = mapped_column(sa.String(255))
+    status: Mapped[str] = mapped_column(sa.String(16), default="pending")
+    approvals_required: Mapped[int] = mapped_column(sa.Integer)
+    approvals: Mapped[list[dict[str, Any]]] = mapped_column(sa.JSON)
+    seen_active_version: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    seen_canary_version: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    seen_version_status: Mapped[str] = mapped_column(sa.String(16))
+    decided_by: Mapped[str | None] = mapped_column(sa.String(255), nullable=True)
+    comment: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    __table_args__ = (
+        sa.CheckConstraint(
+            "status IN ('pending', 'executed', 'rejected', 'expired', 'stale')", name="status"
+        ),
+        sa.Index("ix_promotion_requests_adapter_status", "adapter_id", "status"),
+    )

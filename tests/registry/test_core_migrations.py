@@ -188,7 +188,7 @@ def _gate_details_round_trip(url: str) -> None:
                 f"INSERT INTO versions ({version_cols}) VALUES ('a', 1, 'active', 8, 16.0, "
                 "'[\"q_proj\"]', '[]', 'file:///x/', 'pending', 't', CURRENT_TIMESTAMP)"
             ))  # fmt: skip
-        migrate.upgrade(url, "0003")
+        migrate.upgrade(url)  # 0003 and every later migration
         scores = {"accuracy": 0.91, "suite": "evals", "cases": [1, 2]}
         with engine.begin() as conn:
             assert conn.execute(sa.text("SELECT quality_gate_details FROM versions")).scalar() is None
