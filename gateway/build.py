@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 from gateway.ratelimit import Limiter, MemoryLimiter, RedisLimiter
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
-from gateway.table import Feed, RoutingTable
+from gateway.table import ChangeApplier, Feed, RoutingTable
 from kit.db import make_session_factory, session_scope
 from registry.snapshot import RoutingSnapshot
 
@@ -30,6 +30,19 @@ def snapshot_loader(engine: Engine) -> Callable[[], RoutingSnapshot]:
             return load_snapshot(session)
 
     return load
+
+
+def snapshot_applier(engine: Engine) -> ChangeApplier:
+    """A blocking callable that applies changed subjects to a snapshot (one read transaction)."""
+    from registry.services.snapshot import apply_changes
+
+    factory = make_session_factory(engine)
+
+    def apply(base: RoutingSnapshot, subjects: frozenset[str], revision: int) -> RoutingSnapshot | None:
+        with session_scope(factory) as session:
+            return apply_changes(session, base, subjects, revision)
+
+    return apply
 
 
 def make_limiter(settings: GatewaySettings, redis: Any | None = None) -> Limiter:
@@ -64,7 +77,11 @@ def build_gateway(
             raise ValueError("build_gateway needs an engine or a loader")
         loader = snapshot_loader(engine)
     table = RoutingTable(
-        loader, feed=feed, on_snapshot=router.update_snapshot, refresh_s=settings.snapshot_refresh_s
+        loader,
+        feed=feed,
+        apply_changes=snapshot_applier(engine) if engine is not None else None,
+        on_snapshot=router.update_snapshot,
+        refresh_s=settings.snapshot_refresh_s,
     )
     return Gateway(
         settings,

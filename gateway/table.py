@@ -1,58 +1,80 @@
-"""The routing table: the registry's snapshot as the gateway sees it, kept fresh.
+"""The routing table: the registry's snapshot as the gateway sees it, kept fresh change by change.
 
-``RoutingTable(loader, feed=..., on_snapshot=...)`` loads the snapshot (``loader`` is a blocking
-callable, run in a thread), reloads on every change-feed notification (and every
-``refresh_s`` as a safety net), and hands each new snapshot to ``on_snapshot`` (the router's
-``update_snapshot``). When the registry database is unreachable it keeps serving the last
-snapshot, marks itself ``stale`` (shown in /readyz) and logs once per transition.
+``RoutingTable(loader, feed=..., apply_changes=..., on_snapshot=...)`` loads the whole snapshot
+at start (``loader`` is a blocking callable, run on a thread of its own), then follows the
+change feed: each ``Change(revision, subjects)`` is queued, and the table applies the queued
+run of consecutive revisions with one ``apply_changes(snapshot, subjects, revision)`` call,
+which reads only those subjects' rows and returns a new snapshot sharing everything else.
+Changes that arrive while one is applied are batched into the next call (a burst of 1,000
+changes becomes a few loads and a few swaps, not 1,000). The whole snapshot is reloaded
+instead when a revision is missing (a notice never arrived), after a feed reconnect or a
+``*`` change, when ``apply_changes`` declines (returns None) or is not given, and every
+``refresh_s`` as a safety net. Each new snapshot goes to ``on_snapshot`` (the router's
+``update_snapshot``). When the registry database is unreachable the table keeps serving the
+last snapshot, marks itself ``stale`` (shown in /readyz), logs once per transition and
+reloads every ``retry_s`` until it is back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from registry.feed import EVERYTHING, Change
+from registry.repositories.state import ALL
 from registry.snapshot import RoutingSnapshot
 
 log = logging.getLogger("loraplane.gateway.table")
 
+T = TypeVar("T")
+Loader = Callable[[], RoutingSnapshot]
+# (current snapshot, changed subjects, revision they bring it to) → new snapshot, or None: reload all
+ChangeApplier = Callable[[RoutingSnapshot, frozenset[str], int], RoutingSnapshot | None]
+
 
 class Feed(Protocol):
-    def listen(self) -> AsyncIterator[int]: ...
+    def listen(self) -> AsyncIterator[Change]: ...
 
 
 class RoutingTable:
     def __init__(
         self,
-        loader: Callable[[], RoutingSnapshot],
+        loader: Loader,
         *,
         feed: Feed | None = None,
+        apply_changes: ChangeApplier | None = None,
         on_snapshot: Callable[[RoutingSnapshot], Any] | None = None,
         refresh_s: float = 15.0,
         retry_s: float = 1.0,
     ) -> None:
         self._loader = loader
+        self._apply = apply_changes
         self._feed = feed
         self._on_snapshot = on_snapshot
         self._refresh_s = refresh_s
         self._retry_s = min(retry_s, refresh_s)
         self.snapshot: RoutingSnapshot | None = None
-        self.stale = False  # True while the last reload attempt failed
+        self.stale = False  # True while the last registry read failed
         self.last_error: str | None = None
-        self.loaded_at: float | None = None  # time.time() of the last successful load
-        self.reloads = 0
+        self.loaded_at: float | None = None  # time.time() of the last successful read
+        self.reloads = 0  # whole-snapshot loads
+        self.applies = 0  # incremental applies (each one batch of consecutive changes)
+        self.changes_applied = 0  # revisions applied incrementally
+        self.gaps = 0  # whole reloads because a revision was missing from the feed
         self.changed_at: float | None = None  # time.time() when a new revision was installed
         self.notified_at: float | None = None  # time.time() of the last change-feed notification
-        self.load_ms: float | None = None  # how long the last snapshot load took
+        self.load_ms: float | None = None  # how long the last whole load took
+        self.apply_ms: float | None = None  # how long the last incremental apply took
+        self._pending: dict[int, frozenset[str]] = {}  # revision → subjects, not applied yet
+        self._full = False  # a whole reload is due
         self._wanted = asyncio.Event()
-        self._seen_revision = -1
+        self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Condition()
         # A thread of its own: a busy default executor (staging, hashing) must not delay a reload.
@@ -65,7 +87,7 @@ class RoutingTable:
     async def start(self) -> None:
         """First load (not fatal if the registry is down: the table stays not-ready), then follow."""
         await self.reload()
-        self._tasks.append(asyncio.create_task(self._reload_loop(), name="table-reload"))
+        self._tasks.append(asyncio.create_task(self._run(), name="table-apply"))
         if self._feed is not None:
             self._tasks.append(asyncio.create_task(self._feed_loop(), name="table-feed"))
 
@@ -78,86 +100,70 @@ class RoutingTable:
         self._tasks.clear()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def notify(self, revision: int | None = None) -> None:
-        """Ask for a reload (a change-feed notification)."""
+    def notify(self, revision: int | None = None, subjects: frozenset[str] = EVERYTHING) -> None:
+        """A change-feed notification: ``revision`` changed ``subjects``; no revision: reload all."""
         self.notified_at = time.time()
-        if revision is not None:
-            self._seen_revision = max(self._seen_revision, revision)
-            if self.snapshot is not None and revision <= self.snapshot.revision and not self.stale:
-                return
+        if revision is None:
+            self._full = True
+        elif self.snapshot is None or revision > self.snapshot.revision or self.stale:
+            self._pending[revision] = self._pending.get(revision, frozenset()) | subjects
+        else:
+            return
         self._wanted.set()
 
     async def reload(self) -> bool:
-        """Load the snapshot now; True on success. Never raises (logs transitions)."""
-        t0 = time.perf_counter()
-        try:
-            loop = asyncio.get_running_loop()
-            snap = await loop.run_in_executor(self._executor, functools.partial(self._loader))
-        except Exception as e:  # any registry failure keeps the last snapshot
-            self.last_error = f"{type(e).__name__}: {e}"[:500]
-            if not self.stale:
-                self.stale = True
-                log.warning(
-                    "registry unreachable; serving the last routing snapshot",
-                    extra={"error": self.last_error, "revision": self.revision},
-                )
-            return False
-        if self.stale:
-            log.warning("registry reachable again", extra={"revision": snap.revision})
-        self.stale = False
-        self.last_error = None
-        self.loaded_at = time.time()
-        self.load_ms = round((time.perf_counter() - t0) * 1000, 2)
-        changed = self.snapshot is None or snap.revision != self.snapshot.revision
-        self.snapshot = snap
-        self.reloads += 1
-        if changed:
-            self.changed_at = time.time()
-        if changed and self._on_snapshot is not None:
-            try:
-                res = self._on_snapshot(snap)
-                if inspect.isawaitable(res):
-                    await res
-            except Exception:  # the router's problem must not stop the table
-                log.exception("router.update_snapshot failed", extra={"revision": snap.revision})
-        if changed:
-            async with self._changed:
-                self._changed.notify_all()
-        return True
+        """Load the whole snapshot now; True on success. Never raises (logs transitions)."""
+        async with self._lock:
+            return await self._reload()
+
+    async def catch_up(self) -> bool:
+        """Apply every queued change (whole reloads where needed); False if the registry failed."""
+        async with self._lock:
+            while True:
+                base = self.snapshot
+                if base is None or self.stale or self._full:
+                    self._full = False
+                    if not await self._reload():
+                        return False
+                    continue
+                self._pending = {r: s for r, s in self._pending.items() if r > base.revision}
+                if not self._pending:
+                    return True
+                last, subjects = base.revision, frozenset[str]()
+                while last + 1 in self._pending:
+                    last += 1
+                    subjects |= self._pending[last]
+                if last == base.revision:  # the next revision never came: a notice was lost
+                    self.gaps += 1
+                    log.info(
+                        "change feed gap; reloading the routing snapshot", extra={"revision": base.revision}
+                    )
+                    self._full = True
+                    continue
+                if ALL in subjects or self._apply is None:
+                    self._full = True
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    snap = await self._in_thread(self._apply, base, subjects, last)
+                except Exception as e:  # any registry failure keeps the last snapshot
+                    self._failed(e)
+                    return False
+                if snap is None:  # the applier cannot say: read everything
+                    self._full = True
+                    continue
+                self.apply_ms = round((time.perf_counter() - t0) * 1000, 2)
+                self.applies += 1
+                self.changes_applied += last - base.revision
+                for r in range(base.revision + 1, last + 1):
+                    self._pending.pop(r, None)
+                await self._install(snap)
 
     async def wait_for_revision(self, revision: int, timeout: float) -> bool:
         """Wait until the table holds ``revision`` or later (tests and benchmarks)."""
         async with asyncio.timeout(timeout), self._changed:
             await self._changed.wait_for(lambda: (self.revision or -1) >= revision)
         return True
-
-    async def _reload_loop(self) -> None:
-        while True:
-            wait = self._retry_s if self.stale or self.snapshot is None else self._refresh_s
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self._wanted.wait()
-            self._wanted.clear()
-            await self.reload()
-
-    async def _feed_loop(self) -> None:
-        assert self._feed is not None
-        failing = False
-        while True:
-            try:
-                async for rev in self._feed.listen():
-                    if failing:
-                        failing = False
-                        log.warning("change feed listening again")
-                        self.notify()
-                    self.notify(int(rev))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # reconnect forever, log once per transition
-                if not failing:
-                    failing = True
-                    log.warning("change feed failed; retrying", extra={"error": f"{type(e).__name__}: {e}"})
-            await asyncio.sleep(self._retry_s)
 
     def status(self) -> dict[str, Any]:
         """For /readyz."""
@@ -170,4 +176,86 @@ class RoutingTable:
             "changed_at": self.changed_at,
             "notified_at": self.notified_at,
             "load_ms": self.load_ms,
+            "apply_ms": self.apply_ms,
+            "reloads": self.reloads,
+            "applies": self.applies,
+            "changes_applied": self.changes_applied,
+            "gaps": self.gaps,
         }
+
+    # ------------------------------------------------------------------ internals
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _failed(self, e: Exception) -> None:
+        self.last_error = f"{type(e).__name__}: {e}"[:500]
+        if not self.stale:
+            self.stale = True
+            log.warning(
+                "registry unreachable; serving the last routing snapshot",
+                extra={"error": self.last_error, "revision": self.revision},
+            )
+
+    async def _reload(self) -> bool:
+        t0 = time.perf_counter()
+        try:
+            snap = await self._in_thread(self._loader)
+        except Exception as e:  # any registry failure keeps the last snapshot
+            self._failed(e)
+            return False
+        self.load_ms = round((time.perf_counter() - t0) * 1000, 2)
+        self.reloads += 1
+        await self._install(snap)
+        return True
+
+    async def _install(self, snap: RoutingSnapshot) -> None:
+        if self.stale:
+            log.warning("registry reachable again", extra={"revision": snap.revision})
+        self.stale = False
+        self.last_error = None
+        self.loaded_at = time.time()
+        changed = self.snapshot is None or snap.revision != self.snapshot.revision
+        self.snapshot = snap
+        if not changed:
+            return
+        self.changed_at = time.time()
+        if self._on_snapshot is not None:
+            try:
+                res = self._on_snapshot(snap)
+                if inspect.isawaitable(res):
+                    await res
+            except Exception:  # the router's problem must not stop the table
+                log.exception("router.update_snapshot failed", extra={"revision": snap.revision})
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _run(self) -> None:
+        while True:
+            wait = self._retry_s if self.stale or self.snapshot is None else self._refresh_s
+            try:
+                async with asyncio.timeout(wait):
+                    await self._wanted.wait()
+            except TimeoutError:
+                self._full = True  # the safety net (or the retry while the registry is down)
+            self._wanted.clear()
+            await self.catch_up()
+
+    async def _feed_loop(self) -> None:
+        assert self._feed is not None
+        failing = False
+        while True:
+            try:
+                async for change in self._feed.listen():
+                    if failing:
+                        failing = False
+                        log.warning("change feed listening again")
+                        self.notify()
+                    self.notify(change.revision, change.subjects)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # reconnect forever, log once per transition
+                if not failing:
+                    failing = True
+                    log.warning("change feed failed; retrying", extra={"error": f"{type(e).__name__}: {e}"})
+            await asyncio.sleep(self._retry_s)

@@ -1,20 +1,30 @@
-"""Change feed: tells gateways that the registry revision moved on, so they reload the snapshot.
+"""Change feed: tells gateways which registry records changed, so they apply just those.
 
 ``ChangeFeed`` (protocol)::
 
-    publish(revision)      announce a committed revision (sync; safe from any thread)
-    listen()               async iterator of revisions: first the current one once the
-                           subscription is established, then every newer one (consecutive
-                           changes may be coalesced into the latest, never lost)
+    publish(revision, subjects)  announce a committed revision and what it changed (sync; safe
+                                 from any thread)
+    listen()                     async iterator of ``Change(revision, subjects)``: first
+                                 ``Change(current, {"*"})`` once the subscription is established
+                                 (and again after every reconnect), then every newer change in
+                                 revision order
+
+A subject is ``adapter:<id>``, ``tenant:<id>``, ``base_model:<name>`` or ``*`` (unknown extent:
+reload everything). Listeners must treat a gap in revisions (a notice they never got) like
+``*``; the feeds below never invent subjects, they only ever say less (``*``).
 
 Implementations:
 
-- ``InProcessFeed``: one process (``loraplane up``); ``publish`` wakes every listener at once.
-- ``PostgresNotifyFeed(url, channel)``: ``pg_notify`` is sent *inside* the change transaction
-  (via ``bind_session``), so it is delivered exactly when the change commits; listeners hold a
-  psycopg async connection with ``LISTEN`` and reconnect (re-reading the revision) on failure.
+- ``InProcessFeed``: one process (``loraplane up``); ``publish`` wakes every listener at once and
+  keeps the last ``HISTORY`` changes so a slow listener still gets each one (or a gap).
+- ``PostgresNotifyFeed(url, channel)``: ``pg_notify(channel, "<revision> <subject>")`` is sent
+  *inside* the change transaction (``registry.repositories.state.bump_revision``, enabled by
+  ``bind_session``), so it is delivered exactly when the change commits, in commit order;
+  listeners hold a psycopg async connection with ``LISTEN`` and reconnect (re-reading the
+  revision, announced as ``*``) on failure.
 - ``PollingFeed(session_factory, interval_s)``: reads the revision every ``interval_s`` (SQLite
-  shared by several processes); ``publish`` in the same process wakes listeners at once.
+  shared by several processes; a polled revision is announced as ``*``); ``publish`` in the
+  same process wakes listeners at once with the subjects.
 
 Writers use ``bind_feed(session, feed)`` before a change and ``publish_committed(session, feed)``
 after the commit (the admin API's request-scoped session does both).
@@ -23,10 +33,12 @@ after the commit (the admin API's request-scoped session does both).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio.to_thread
@@ -37,33 +49,62 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from kit.db import normalize_url, session_scope
-from registry.repositories.state import NOTIFIED_KEY, NOTIFY_CHANNEL_KEY, REVISION_KEY, current_revision
+from registry.repositories.state import (
+    ALL,
+    CHANGES_KEY,
+    NOTIFIED_KEY,
+    NOTIFY_CHANNEL_KEY,
+    REVISION_KEY,
+    current_revision,
+    notice_payload,
+    parse_notice,
+)
 
 log = logging.getLogger("loraplane.registry.feed")
 
 DEFAULT_CHANNEL = "loraplane_registry"
 APPLICATION_NAME = "loraplane-feed"
+HISTORY = 4096  # changes an InProcessFeed keeps for listeners that fall behind
+EVERYTHING: frozenset[str] = frozenset((ALL,))
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """The registry is at ``revision``; ``subjects`` changed in it (``{"*"}``: unknown, reload all)."""
+
+    revision: int
+    subjects: frozenset[str] = EVERYTHING
+
+    @property
+    def everything(self) -> bool:
+        return ALL in self.subjects
 
 
 class ChangeFeed(Protocol):
-    def publish(self, revision: int) -> None: ...
+    def publish(self, revision: int, subjects: frozenset[str] = EVERYTHING) -> None: ...
 
-    def listen(self) -> AsyncIterator[int]: ...
+    def listen(self) -> AsyncIterator[Change]: ...
 
 
 def bind_feed(session: Session, feed: ChangeFeed | None) -> None:
     """Let ``feed`` join the session's transaction (PostgreSQL: pg_notify on commit)."""
-    hook = getattr(feed, "bind_session", None)
-    if hook is not None:
-        hook(session)
+    if isinstance(feed, PostgresNotifyFeed):
+        feed.bind_session(session)
 
 
 def publish_committed(session: Session, feed: ChangeFeed | None) -> int | None:
-    """After a commit: publish the revision the transaction bumped to (unless already notified)."""
+    """After a commit: publish the revisions the transaction bumped (unless already notified)."""
     rev = session.info.pop(REVISION_KEY, None)
     notified = session.info.pop(NOTIFIED_KEY, False)
+    changes: list[tuple[int, str]] = session.info.pop(CHANGES_KEY, [])
     if rev is not None and feed is not None and not notified:
-        feed.publish(int(rev))
+        by_rev: dict[int, set[str]] = {}
+        for r, subject in changes:
+            by_rev.setdefault(r, set()).add(subject)
+        if not by_rev:
+            by_rev[int(rev)] = {ALL}
+        for r in sorted(by_rev):
+            feed.publish(r, frozenset(by_rev[r]))
     return int(rev) if rev is not None else None
 
 
@@ -85,22 +126,27 @@ def read_revision(session_factory: sessionmaker[Session]) -> int:
 
 
 class InProcessFeed:
-    """Listeners in this process, woken by ``publish`` (from any thread)."""
+    """Listeners in this process, woken by ``publish`` (from any thread).
 
-    def __init__(self, initial_revision: Callable[[], int] | None = None) -> None:
+    The last ``history`` changes are kept, so a listener that was busy gets every change in
+    revision order; one that fell further behind sees a gap (and reloads everything).
+    """
+
+    def __init__(self, initial_revision: Callable[[], int] | None = None, *, history: int = HISTORY) -> None:
         self._initial = initial_revision
         self._latest = 0
         self._lock = threading.Lock()
+        self._history: collections.deque[Change] = collections.deque(maxlen=history)
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
 
     @property
     def latest(self) -> int:
         return self._latest
 
-    def publish(self, revision: int) -> None:
+    def publish(self, revision: int, subjects: frozenset[str] = EVERYTHING) -> None:
         with self._lock:
-            if revision > self._latest:
-                self._latest = revision
+            self._latest = max(self._latest, revision)
+            self._history.append(Change(revision, frozenset(subjects) or EVERYTHING))
             waiters = list(self._waiters)
         for loop, event in waiters:
             with contextlib.suppress(RuntimeError):  # loop already closed
@@ -113,25 +159,34 @@ class InProcessFeed:
                 self._latest = max(self._latest, rev)
         return self._latest
 
-    async def _wait(self, event: asyncio.Event) -> int | None:
-        """Wait for a publish; return the revision to consider (None: nothing new)."""
+    def _since(self, last: int) -> list[Change]:
+        """Changes newer than ``last`` in revision order; ``*`` at the latest if history lost some."""
+        with self._lock:
+            newer = sorted((c for c in self._history if c.revision > last), key=lambda c: c.revision)
+            latest = self._latest
+        if latest > last and (not newer or newer[-1].revision < latest):
+            newer.append(Change(latest))  # a revision we hold no subjects for (polled, or trimmed)
+        return newer
+
+    async def _wait(self, event: asyncio.Event) -> None:
+        """Wait until there may be something new."""
         await event.wait()
         event.clear()
-        return self._latest
 
-    async def listen(self) -> AsyncGenerator[int, None]:
+    async def listen(self) -> AsyncGenerator[Change, None]:
         event = asyncio.Event()
         entry = (asyncio.get_running_loop(), event)
         with self._lock:
             self._waiters.add(entry)
         try:
             last = await self._start_revision()
-            yield last
+            yield Change(last)
             while True:
-                rev = await self._wait(event)
-                if rev is not None and rev > last:
-                    last = rev
-                    yield rev
+                await self._wait(event)
+                for change in self._since(last):
+                    if change.revision > last:
+                        last = change.revision
+                        yield change
         finally:
             with self._lock:
                 self._waiters.discard(entry)
@@ -145,21 +200,20 @@ class PollingFeed(InProcessFeed):
         self.interval_s = max(0.005, float(interval_s))
         super().__init__(initial_revision=lambda: read_revision(session_factory))
 
-    async def _wait(self, event: asyncio.Event) -> int | None:
+    async def _wait(self, event: asyncio.Event) -> None:
         try:
             await asyncio.wait_for(event.wait(), timeout=self.interval_s)
             event.clear()
-            return self._latest
+            return
         except TimeoutError:
             pass
         try:
             rev = await anyio.to_thread.run_sync(read_revision, self._factory)
         except Exception as e:
             log.warning("change feed poll failed", extra={"error": str(e)})
-            return None
+            return
         with self._lock:
             self._latest = max(self._latest, rev)
-        return rev
 
 
 def libpq_dsn(url: str) -> str:
@@ -179,12 +233,12 @@ class PostgresNotifyFeed:
     def bind_session(self, session: Session) -> None:
         session.info[NOTIFY_CHANNEL_KEY] = self.channel
 
-    def publish(self, revision: int) -> None:
+    def publish(self, revision: int, subjects: frozenset[str] = EVERYTHING) -> None:
         """Out-of-transaction announcement (normally not needed: changes notify on commit)."""
         with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
-            conn.execute("SELECT pg_notify(%s, %s)", (self.channel, str(revision)))
+            conn.execute("SELECT pg_notify(%s, %s)", (self.channel, notice_payload(revision, subjects)))
 
-    async def listen(self) -> AsyncGenerator[int, None]:
+    async def listen(self) -> AsyncGenerator[Change, None]:
         last: int | None = None
         backoff = 0.1
         while True:
@@ -199,15 +253,15 @@ class PostgresNotifyFeed:
                     backoff = 0.1
                     if last is None or rev > last:
                         last = rev
-                        yield rev
+                        yield Change(rev)  # what happened while we were not listening is unknown
                     async for note in conn.notifies():
                         try:
-                            rev = int(note.payload)
+                            rev, subjects = parse_notice(note.payload)
                         except ValueError:
                             continue
                         if rev > last:
                             last = rev
-                            yield rev
+                            yield Change(rev, subjects)
             except psycopg.Error as e:
                 log.warning(
                     "change feed connection lost; reconnecting", extra={"error": str(e), "backoff_s": backoff}

@@ -1,4 +1,9 @@
-"""The single-row registry revision: read it, bump it (inside the change's transaction)."""
+"""The single-row registry revision: read it, bump it (inside the change's transaction).
+
+Every bump names the *subject* it changed (``adapter:<id>``, ``tenant:<id>``,
+``base_model:<name>``, or ``*`` when the writer cannot say), so gateways can reload just that
+subject's rows instead of the whole routing snapshot (``registry.services.snapshot``).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,25 @@ from registry.models import RegistryStateRow
 NOTIFY_CHANNEL_KEY = "loraplane_notify_channel"
 REVISION_KEY = "loraplane_revision"
 NOTIFIED_KEY = "loraplane_notified"
+CHANGES_KEY = "loraplane_changes"  # session.info: [(revision, subject), …] bumped in this transaction
+
+ALL = "*"  # the subject of a change whose extent is unknown: readers reload everything
+
+
+def subject(kind: str, ident: str) -> str:
+    """``adapter:support`` — the subject string of one registry record."""
+    return f"{kind}:{ident}"
+
+
+def notice_payload(revision: int, subjects: tuple[str, ...] | frozenset[str] | list[str]) -> str:
+    """The change feed's message: ``"<revision> <subject> …"`` (ids are slugs: no spaces)."""
+    return " ".join([str(revision), *sorted(subjects)])
+
+
+def parse_notice(payload: str) -> tuple[int, frozenset[str]]:
+    """Inverse of ``notice_payload``; a bare revision (older writers) means ``*``. ValueError if bad."""
+    head, *rest = payload.split()
+    return int(head), frozenset(rest or (ALL,))
 
 
 def current_revision(session: Session) -> int:
@@ -17,11 +41,12 @@ def current_revision(session: Session) -> int:
     return int(rev or 0)
 
 
-def bump_revision(session: Session) -> int:
+def bump_revision(session: Session, subject: str = ALL) -> int:
     """Increment the revision (row lock held until commit, so revisions commit in order).
 
-    When the session carries a notify channel (PostgreSQL change feed), ``pg_notify`` is sent
-    in the same transaction, so listeners hear of it exactly when it commits.
+    ``subject`` names what changed. When the session carries a notify channel (PostgreSQL
+    change feed), ``pg_notify`` with ``"<revision> <subject>"`` is sent in the same transaction,
+    so listeners hear of it exactly when it commits, in revision order.
     """
     session.flush()
     rev = session.execute(
@@ -36,7 +61,8 @@ def bump_revision(session: Session) -> int:
         rev = 1
     channel = session.info.get(NOTIFY_CHANNEL_KEY)
     if channel and session.get_bind().dialect.name == "postgresql":
-        session.execute(sa.select(sa.func.pg_notify(channel, str(rev))))
+        session.execute(sa.select(sa.func.pg_notify(channel, notice_payload(int(rev), (subject,)))))
         session.info[NOTIFIED_KEY] = True
     session.info[REVISION_KEY] = int(rev)
+    session.info.setdefault(CHANGES_KEY, []).append((int(rev), subject))
     return int(rev)

@@ -46,11 +46,15 @@ ROUTER_ACTIONS = ("adapter.loaded", "adapter.unloaded", "adapter.load_failed", "
 def record_change(
     session: Session, *, actor: str, action: str, subject_type: str, subject_id: str, details: dict[str, Any]
 ) -> int:
-    """Write the audit event of a state change and bump the registry revision; returns it."""
+    """Write the audit event of a state change and bump the registry revision; returns it.
+
+    The change feed names ``subject_type:subject_id`` as what changed, so gateways reload just
+    that record (``registry.services.snapshot.apply_changes``).
+    """
     audit_repo.add(
         session, actor=actor, action=action, subject_type=subject_type, subject_id=subject_id, details=details
     )
-    return state_repo.bump_revision(session)
+    return state_repo.bump_revision(session, state_repo.subject(subject_type, subject_id))
 
 
 def list_events(

@@ -1,17 +1,33 @@
-"""The routing snapshot (``registry.snapshot``) in one read transaction and a fixed number of
+"""The routing snapshot (``registry.snapshot``): loaded whole, or changed by a few subjects.
+
+``load_snapshot(session)`` reads everything in one read transaction and a fixed number of
 queries (no N+1): revision, base models, adapters, versions, tenants, grants, live keys.
 
-On PostgreSQL the transaction is ``REPEATABLE READ`` when this function opens it, so every
+``apply_changes(session, base, subjects, revision)`` reads only the rows of the changed
+subjects (``adapter:<id>`` → the adapter and its versions; ``tenant:<id>`` → the tenant, its
+grants and live keys; ``base_model:<name>``) and returns a new snapshot at ``revision`` that
+shares every other record with ``base`` (records are frozen, so sharing is safe). It returns
+``None`` when it cannot apply them — a ``*`` or a subject kind the snapshot does not know, or a
+database behind ``revision`` — and the caller reloads the whole snapshot instead. Each subject
+is re-read whole, so applying the same subject twice, or a newer state than ``revision``, is
+harmless: the next change of that subject reads it again.
+
+On PostgreSQL the transaction is ``REPEATABLE READ`` when these functions open it, so every
 query sees the same committed state; on SQLite every transaction is ``BEGIN IMMEDIATE``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TypeVar
+
 from sqlalchemy.orm import Session
 
 from kit.ids import version_name
+from registry.models import AdapterRow, ApiKeyRow, BaseModelRow, GrantRow, TenantRow, VersionRow
 from registry.repositories import adapters as adapter_repo
 from registry.repositories import base_models as base_repo
+from registry.repositories import routing as routing_repo
 from registry.repositories import state as state_repo
 from registry.repositories import tenants as tenant_repo
 from registry.snapshot import (
@@ -26,27 +42,30 @@ from registry.snapshot import (
     VersionInfo,
 )
 
+ADAPTER, TENANT, BASE_MODEL = "adapter", "tenant", "base_model"
+T = TypeVar("T")
+
 
 def current_revision(session: Session) -> int:
     return state_repo.current_revision(session)
 
 
-def load_snapshot(session: Session) -> RoutingSnapshot:
+def _read_transaction(session: Session) -> None:
     if not session.in_transaction() and session.get_bind().dialect.name == "postgresql":
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-    revision = state_repo.current_revision(session)
 
-    base_models = {
-        b.name: BaseModelInfo(
-            name=b.name, hf_id=b.hf_id, max_lora_rank=b.max_lora_rank, target_modules=tuple(b.target_modules)
-        )
-        for b in base_repo.all_rows(session)
-    }
 
-    adapter_rows = adapter_repo.all_rows(session)
+def _base_model(b: BaseModelRow) -> BaseModelInfo:
+    return BaseModelInfo(
+        name=b.name, hf_id=b.hf_id, max_lora_rank=b.max_lora_rank, target_modules=tuple(b.target_modules)
+    )
+
+
+def _adapters(rows: Iterable[AdapterRow], version_rows: Iterable[VersionRow]) -> dict[str, AdapterInfo]:
+    adapter_rows = list(rows)
     base_of = {a.id: a.base_model for a in adapter_rows}
     versions: dict[str, dict[str, VersionInfo]] = {a.id: {} for a in adapter_rows}
-    for v in adapter_repo.all_versions(session):
+    for v in version_rows:
         name = version_name(v.number)
         versions.setdefault(v.adapter_id, {})[name] = VersionInfo(
             adapter_id=v.adapter_id,
@@ -60,7 +79,7 @@ def load_snapshot(session: Session) -> RoutingSnapshot:
             storage_uri=v.storage_uri,
             base_model=base_of.get(v.adapter_id, ""),
         )
-    adapters = {
+    return {
         a.id: AdapterInfo(
             id=a.id,
             base_model=a.base_model,
@@ -74,12 +93,14 @@ def load_snapshot(session: Session) -> RoutingSnapshot:
         for a in adapter_rows
     }
 
+
+def _tenants(rows: Iterable[TenantRow], grant_rows: Iterable[GrantRow]) -> dict[str, TenantInfo]:
     grants: dict[str, dict[str, GrantInfo]] = {}
-    for g in tenant_repo.all_grants(session):
+    for g in grant_rows:
         grants.setdefault(g.tenant_id, {})[g.adapter_id] = GrantInfo(
             adapter_id=g.adapter_id, rpm=g.rpm, tpm=g.tpm
         )
-    tenants = {
+    return {
         t.id: TenantInfo(
             id=t.id,
             name=t.name,
@@ -87,14 +108,23 @@ def load_snapshot(session: Session) -> RoutingSnapshot:
             base_model_access=bool(t.base_model_access),
             grants=grants.get(t.id, {}),
         )
-        for t in tenant_repo.all_rows(session)
+        for t in rows
     }
 
+
+def _key(k: ApiKeyRow) -> KeyInfo:
+    return KeyInfo(key_id=k.key_id, tenant_id=k.tenant_id, prefix=k.prefix, key_hash=k.key_hash)
+
+
+def load_snapshot(session: Session) -> RoutingSnapshot:
+    _read_transaction(session)
+    revision = state_repo.current_revision(session)
+    base_models = {b.name: _base_model(b) for b in base_repo.all_rows(session)}
+    adapters = _adapters(adapter_repo.all_rows(session), adapter_repo.all_versions(session))
+    tenants = _tenants(tenant_repo.all_rows(session), tenant_repo.all_grants(session))
     by_prefix: dict[str, list[KeyInfo]] = {}
     for k in tenant_repo.live_keys(session):
-        by_prefix.setdefault(k.prefix, []).append(
-            KeyInfo(key_id=k.key_id, tenant_id=k.tenant_id, prefix=k.prefix, key_hash=k.key_hash)
-        )
+        by_prefix.setdefault(k.prefix, []).append(_key(k))
     return RoutingSnapshot(
         revision=revision,
         base_models=base_models,
@@ -102,3 +132,79 @@ def load_snapshot(session: Session) -> RoutingSnapshot:
         tenants=tenants,
         keys_by_prefix={p: tuple(ks) for p, ks in by_prefix.items()},
     )
+
+
+def split_subjects(subjects: Iterable[str]) -> dict[str, list[str]] | None:
+    """``{"adapter": [ids…], "tenant": […], "base_model": […]}``, or None if any needs a full load."""
+    out: dict[str, list[str]] = {ADAPTER: [], TENANT: [], BASE_MODEL: []}
+    for s in subjects:
+        kind, sep, ident = s.partition(":")
+        if not sep or kind not in out or not ident:
+            return None
+        out[kind].append(ident)
+    return out
+
+
+def apply_changes(
+    session: Session, base: RoutingSnapshot, subjects: Iterable[str], revision: int
+) -> RoutingSnapshot | None:
+    """``base`` with ``subjects`` re-read, at ``revision``; None: reload the whole snapshot instead."""
+    parts = split_subjects(subjects)
+    if parts is None:
+        return None
+    _read_transaction(session)
+    if state_repo.current_revision(session) < revision:
+        return None  # a notice from a database we do not read: never trust it
+    base_models = base.base_models
+    if parts[BASE_MODEL]:
+        base_models = _replace(
+            base_models,
+            parts[BASE_MODEL],
+            {b.name: _base_model(b) for b in routing_repo.base_models(session, parts[BASE_MODEL])},
+        )
+    adapters = base.adapters
+    if parts[ADAPTER]:
+        ids = parts[ADAPTER]
+        fresh = _adapters(routing_repo.adapters(session, ids), routing_repo.versions(session, ids))
+        adapters = _replace(adapters, ids, fresh)
+    tenants, keys_by_prefix = base.tenants, base.keys_by_prefix
+    if parts[TENANT]:
+        ids = parts[TENANT]
+        fresh_tenants = _tenants(routing_repo.tenants(session, ids), routing_repo.grants(session, ids))
+        tenants = _replace(tenants, ids, fresh_tenants)
+        keys_by_prefix = _replace_keys(keys_by_prefix, set(ids), routing_repo.live_keys(session, ids))
+    return RoutingSnapshot(
+        revision=revision,
+        base_models=base_models,
+        adapters=adapters,
+        tenants=tenants,
+        keys_by_prefix=keys_by_prefix,
+    )
+
+
+def _replace(old: dict[str, T], ids: Iterable[str], fresh: dict[str, T]) -> dict[str, T]:
+    """A copy of ``old`` where each of ``ids`` is ``fresh[id]``, or gone if the row is gone."""
+    out = dict(old)
+    for i in ids:
+        if i in fresh:
+            out[i] = fresh[i]
+        else:
+            out.pop(i, None)
+    return out
+
+
+def _replace_keys(
+    old: dict[str, tuple[KeyInfo, ...]], tenant_ids: set[str], live: Iterable[ApiKeyRow]
+) -> dict[str, tuple[KeyInfo, ...]]:
+    """``old`` with every key of ``tenant_ids`` replaced by their live keys (order: key id)."""
+    out = dict(old)
+    for prefix, keys in old.items():
+        if any(k.tenant_id in tenant_ids for k in keys):
+            kept = tuple(k for k in keys if k.tenant_id not in tenant_ids)
+            if kept:
+                out[prefix] = kept
+            else:
+                del out[prefix]
+    for row in live:
+        out[row.prefix] = tuple(sorted((*out.get(row.prefix, ()), _key(row)), key=lambda k: k.key_id))
+    return out

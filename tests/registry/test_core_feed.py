@@ -17,8 +17,9 @@ from sqlalchemy import event
 
 from kit.db import make_engine, make_session_factory, session_scope
 from registry.demo import demo_base_model
-from registry.feed import InProcessFeed, PollingFeed, PostgresNotifyFeed, make_feed
+from registry.feed import Change, InProcessFeed, PollingFeed, PostgresNotifyFeed, make_feed
 from registry.keys import hash_key
+from registry.repositories import state as state_repo
 from registry.services import adapters as adapter_svc
 from registry.services import lifecycle
 from registry.services import tenants as tenant_svc
@@ -34,31 +35,54 @@ from tests.registry.core_support import (
 log = logging.getLogger(__name__)
 
 
+async def _change(it: Any, timeout: float = 5.0) -> Change:
+    change = await asyncio.wait_for(it.__anext__(), timeout)
+    assert isinstance(change, Change)
+    return change
+
+
 async def _next(it: Any, timeout: float = 5.0) -> int:
-    return int(await asyncio.wait_for(it.__anext__(), timeout))
+    return (await _change(it, timeout)).revision
 
 
 async def test_in_process_feed_wakes_listeners_from_other_threads() -> None:
     feed = InProcessFeed()
     it = feed.listen()
-    assert await _next(it) == 0
+    assert await _change(it) == Change(0, frozenset({"*"}))  # the start: what came before is unknown
 
     def publish_all() -> None:
         for r in (1, 2, 3):
-            feed.publish(r)
+            feed.publish(r, frozenset({f"adapter:a{r}"}))
 
     t = threading.Thread(target=publish_all)
     t.start()
-    got = await _next(it)
-    # coalescing is allowed, losing the latest is not
-    while got < 3:
-        got = await _next(it)
-    assert got == 3
+    # every change, in order, with what it changed (a busy listener gets them from the history)
+    got = [await _change(it) for _ in range(3)]
+    assert got == [Change(r, frozenset({f"adapter:a{r}"})) for r in (1, 2, 3)]
     t.join(timeout=5)
     feed.publish(2)  # older revisions are ignored
-    feed.publish(4)
-    assert await _next(it) == 4
+    feed.publish(4, frozenset({"tenant:acme"}))
+    assert await _change(it) == Change(4, frozenset({"tenant:acme"}))
     await it.aclose()
+
+
+async def test_in_process_feed_listener_behind_its_history_sees_a_gap() -> None:
+    feed = InProcessFeed(history=3)
+    it = feed.listen()
+    assert await _next(it) == 0
+    for r in range(1, 8):
+        feed.publish(r, frozenset({f"adapter:a{r}"}))
+    # revisions 1-4 fell out of the history: the listener gets 5, 6, 7 and must notice the gap
+    assert [await _next(it) for _ in range(3)] == [5, 6, 7]
+    await it.aclose()
+
+
+def test_notice_payload_round_trip() -> None:
+    assert state_repo.notice_payload(7, ("tenant:b", "adapter:a")) == "7 adapter:a tenant:b"
+    assert state_repo.parse_notice("7 adapter:a tenant:b") == (7, frozenset({"adapter:a", "tenant:b"}))
+    assert state_repo.parse_notice("12") == (12, frozenset({"*"}))  # an older writer: reload everything
+    with pytest.raises(ValueError):
+        state_repo.parse_notice("soon adapter:a")
 
 
 async def test_polling_feed_sees_changes_from_another_engine(tmp_path: Path, sqlite_template: Path) -> None:
@@ -103,8 +127,8 @@ async def test_postgres_feed_latency_after_admin_call(pg_migrated: str, tmp_path
         seen: dict[int, float] = {}
 
         async def consume() -> None:
-            async for rev in it:
-                seen[rev] = time.perf_counter()
+            async for change in it:
+                seen[change.revision] = time.perf_counter()
 
         task = asyncio.create_task(consume())
         latencies = []
@@ -162,19 +186,21 @@ async def test_postgres_feed_reconnects_and_misses_nothing(pg_migrated: str) -> 
             assert killed == 1
 
         await asyncio.to_thread(bump_while_down)
-        assert await _next(it, 10) == start + 1
+        # re-read after the reconnect: what changed is unknown, so the listener must reload all
+        assert await _change(it, 10) == Change(start + 1, frozenset({"*"}))
 
-        # and after the reconnect, notifications flow again
+        # and after the reconnect, notifications flow again, naming what changed
+        tenant_id = f"rc2-{time.monotonic_ns()}"
+
         def change() -> None:
             with session_scope(factory) as s:
                 feed.bind_session(s)
                 tenant_svc.create_tenant(
-                    s, tenant_id=f"rc2-{time.monotonic_ns()}", name=None, limits=None,
-                    base_model_access=False, actor="test",
-                )  # fmt: skip
+                    s, tenant_id=tenant_id, name=None, limits=None, base_model_access=False, actor="test"
+                )
 
         await asyncio.to_thread(change)
-        assert await _next(it, 10) == start + 2
+        assert await _change(it, 10) == Change(start + 2, frozenset({f"tenant:{tenant_id}"}))
         await it.aclose()
     finally:
         engine.dispose()
