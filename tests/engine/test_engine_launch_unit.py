@@ -61,10 +61,22 @@ def test_vllm_command_has_the_flags_vllm_needs() -> None:
     assert "VLLM_TARGET_DEVICE" not in el.vllm_env(cpu=False) or os.environ.get("VLLM_TARGET_DEVICE")
 
 
-def test_start_wait_and_stop_kill_the_whole_group(tmp_path: Path) -> None:
+def fake_python(tmp_path: Path) -> Path:
     fake = tmp_path / "fakepython"
     fake.write_text(FAKE.format(python=sys.executable))
     fake.chmod(0o755)
+    return fake
+
+
+def wait_gone(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not alive(pid)
+
+
+def test_start_wait_and_stop_kill_the_whole_group(tmp_path: Path) -> None:
+    fake = fake_python(tmp_path)
     ports = [free_port(), free_port()]
     procs = el.start_vllm_replicas(
         "/models/m",
@@ -85,10 +97,7 @@ def test_start_wait_and_stop_kill_the_whole_group(tmp_path: Path) -> None:
     assert all(
         p.log_path == tmp_path / "logs" / f"vllm-{port}.log" for p, port in zip(procs, ports, strict=True)
     )
-    deadline = time.monotonic() + 5
-    while any(alive(pid) for pid in grandchildren) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(alive(pid) for pid in grandchildren)
+    assert all(wait_gone(pid) for pid in grandchildren)
 
 
 def test_wait_ready_reports_an_exited_replica(tmp_path: Path) -> None:
@@ -96,6 +105,60 @@ def test_wait_ready_reports_an_exited_replica(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="exited early with status 1"):
         el.wait_ready(["http://127.0.0.1:9"], procs, timeout_s=10)
     el.stop_replicas(procs)
+
+
+def test_vllm_replica_waits_for_health_and_stops_its_group(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "logs" / "replica.log"
+    rep = ve.VllmReplica(
+        fake_python(tmp_path), tmp_path / "m", port, log, extra_env={"FAKE_PIDS": str(tmp_path / "pid")}
+    )
+    rep.start()
+    try:
+        assert 0 <= rep.wait_ready(timeout_s=30) == rep.ready_s
+        grandchild = int((tmp_path / f"pid.{port}").read_text())
+        assert rep.alive() and alive(grandchild)
+    finally:
+        rep.stop(grace_s=5)
+    assert not rep.alive()
+    assert wait_gone(grandchild)
+    rep.start()  # restarted on the same port, as the fixtures do after a kill test
+    try:
+        rep.wait_ready(timeout_s=30)
+        rep.kill()
+        assert not rep.alive()
+    finally:
+        rep.stop()
+
+
+def test_vllm_replica_that_exits_raises_with_its_log(tmp_path: Path) -> None:
+    script = tmp_path / "badpython"
+    script.write_text("#!/bin/sh\necho 'no such model' >&2\nexit 2\n")
+    script.chmod(0o755)
+    rep = ve.VllmReplica(script, tmp_path / "m", free_port(), tmp_path / "bad.log")
+    rep.start()
+    with pytest.raises(ve.EngineSetupError, match="exited early with status 2") as err:
+        rep.wait_ready(timeout_s=30)
+    assert "no such model" in str(err.value)
+    rep.stop()
+
+
+def test_run_logged_echoes_progress_fails_with_the_tail_and_times_out(tmp_path: Path) -> None:
+    log = tmp_path / "build.log"
+    seen: list[str] = []
+    code = "print('Collecting foo'); print('noise'); print('Successfully installed foo')"
+    ve._run_logged([sys.executable, "-c", code], log, seen.append, timeout_s=30, label="pip")
+    echoed = [m.split("  (+")[0].strip() for m in seen if m.startswith("  ")]
+    assert echoed == ["Collecting foo", "Successfully installed foo"]
+    assert "noise" in log.read_text() and f"$ {sys.executable} -c" in log.read_text()
+    with pytest.raises(ve.EngineSetupError, match=r"broken failed \(rc=3\)[\s\S]*bad wheel"):
+        code = "import sys; print('bad wheel'); sys.exit(3)"
+        ve._run_logged([sys.executable, "-c", code], log, seen.append, timeout_s=30, label="broken")
+    t0 = time.monotonic()
+    with pytest.raises(ve.EngineSetupError, match=r"slow failed \(rc=-9\)"):
+        code = "import time; time.sleep(60)"
+        ve._run_logged([sys.executable, "-c", code], log, seen.append, timeout_s=1, label="slow")
+    assert time.monotonic() - t0 < 15
 
 
 def test_module_shapes_follow_the_model_config(tmp_path: Path) -> None:

@@ -10,8 +10,9 @@ Everything lives under ``~/.cache/loraplane/engine/`` (override with ``LORAPLANE
   ``tests/engine/tiny_model.py`` with that venv's python (fixed seeds: byte-identical files).
 - ``build.lock``: an ``fcntl`` lock held while building, so two processes never build at once.
 
-``VllmReplica`` runs ``python -m vllm.entrypoints.openai.api_server`` in its own process group,
-waits for ``/health`` and stops it by PID (``killpg``), with an ``atexit`` guard against orphans.
+``VllmReplica`` runs ``python -m vllm.entrypoints.openai.api_server`` as a
+``kit.procs.ManagedProcess`` (own process group, killed at interpreter exit), waits for
+``/health`` and stops it with SIGTERM then SIGKILL to the group.
 
 Run ``python tests/engine/vllm_env.py build`` to build ahead of time, ``… serve`` to start two
 replicas by hand (Ctrl-C stops them).
@@ -19,7 +20,6 @@ replicas by hand (Ctrl-C stops them).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -27,17 +27,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
+from kit.procs import ManagedProcess, ProcessStartError, free_port, http_ready
 from loraplane import engine_launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,21 +117,21 @@ def venv_complete() -> bool:
 
 
 def _run_logged(cmd: Sequence[str], log_path: Path, log: Log, *, timeout_s: float, label: str) -> None:
-    """Run ``cmd``, append its output to ``log_path``, echo progress lines, raise on failure."""
+    """Run ``cmd`` (a managed process: killed with its group after ``timeout_s``), append its
+    output to ``log_path``, echo progress lines, raise on failure."""
     t0 = time.monotonic()
     log(f"{label}: {' '.join(cmd)}")
     with open(log_path, "ab") as lf:
         lf.write(f"\n$ {' '.join(cmd)}\n".encode())
-        proc = subprocess.Popen(
-            list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        assert proc.stdout is not None
-        last_echo = 0.0
-        killer = threading.Timer(timeout_s, lambda: _killpg(proc.pid, signal.SIGKILL))
-        killer.start()
-        try:
-            for raw in proc.stdout:
-                lf.write(raw)
+        offset = lf.tell()
+    proc = ManagedProcess(cmd, log_path=log_path, name=label).start()
+    last_echo, pending = 0.0, b""
+    with open(log_path, "rb") as out:
+        out.seek(offset)
+        while True:
+            running = proc.alive()
+            *lines, pending = (pending + out.read()).split(b"\n")
+            for raw in lines:
                 line = raw.decode(errors="replace").rstrip()
                 now = time.monotonic()
                 if line.startswith(("Collecting", "Installing", "Successfully", "ERROR")) and (
@@ -142,9 +139,13 @@ def _run_logged(cmd: Sequence[str], log_path: Path, log: Log, *, timeout_s: floa
                 ):
                     log(f"  {line[:160]}  (+{now - t0:.0f}s)")
                     last_echo = now
-            rc = proc.wait()
-        finally:
-            killer.cancel()
+            if not running:
+                break
+            if time.monotonic() - t0 > timeout_s:
+                proc.kill()
+                break
+            time.sleep(0.2)
+    rc = proc.stop()
     if rc != 0:
         tail = log_path.read_text(errors="replace")[-3000:]
         raise EngineSetupError(f"{label} failed (rc={rc}) after {time.monotonic() - t0:.0f}s:\n{tail}")
@@ -245,31 +246,6 @@ def module_shapes(model: Path) -> dict[str, list[int]]:
 # --------------------------------------------------------------------------- replicas
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _killpg(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-_LIVE: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def _atexit_stop_all() -> None:
-    for pid, proc in list(_LIVE.items()):
-        _killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=5)
-        _LIVE.pop(pid, None)
-
-
-atexit.register(_atexit_stop_all)
-
-
 def replica_env(threads_bind: str | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {
         "VLLM_LOGGING_LEVEL": "INFO",
@@ -285,7 +261,8 @@ def replica_env(threads_bind: str | None = None, extra: Mapping[str, str] | None
 
 @dataclass
 class VllmReplica:
-    """One real vLLM OpenAI server process (own process group), serving ``SERVED_NAME``."""
+    """One real vLLM OpenAI server process (a :class:`kit.procs.ManagedProcess`: own process
+    group, SIGTERM then SIGKILL, killed at interpreter exit), serving ``SERVED_NAME``."""
 
     python: Path
     model: Path
@@ -294,14 +271,14 @@ class VllmReplica:
     threads_bind: str | None = None
     extra_args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
+    managed: ManagedProcess | None = None
     started_at: float = 0.0
     ready_s: float | None = None
     external_pid: int | None = None  # attached to a replica started by `vllm_env.py serve`
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else self.external_pid
+        return self.managed.pid if self.managed is not None else self.external_pid
 
     @property
     def url(self) -> str:
@@ -321,19 +298,14 @@ class VllmReplica:
         )
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as lf:
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdout=lf,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=replica_env(self.threads_bind, self.extra_env),
-                cwd=str(self.log_path.parent),
-                start_new_session=True,
-            )
-        _LIVE[self.proc.pid] = self.proc
-        self.started_at = time.monotonic()
+        self.managed = ManagedProcess(
+            self.command(),
+            env=replica_env(self.threads_bind, self.extra_env),
+            cwd=self.log_path.parent,
+            log_path=self.log_path,
+            name=f"vLLM on port {self.port}",
+        ).start()
+        self.started_at = self.managed.started_at
 
     def alive(self) -> bool:
         if self.external_pid is not None:
@@ -342,15 +314,15 @@ class VllmReplica:
             except OSError:
                 return False
             return True
-        return self.proc is not None and self.proc.poll() is None
+        return self.managed is not None and self.managed.alive()
 
     def kill(self) -> None:
         """SIGKILL the replica's whole process group now (simulates a crashed replica)."""
-        if self.pid is not None:
-            _killpg(self.pid, signal.SIGKILL)
-        if self.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=10)
+        if self.managed is not None:
+            self.managed.kill()
+        elif self.external_pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.external_pid, signal.SIGKILL)
 
     def log_tail(self, n: int = 4000) -> str:
         with contextlib.suppress(OSError):
@@ -358,37 +330,23 @@ class VllmReplica:
         return ""
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> float:
-        """Poll ``/health`` until 200; returns seconds since start. Raises with the log tail."""
-        deadline = self.started_at + timeout_s
-        with httpx.Client(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                if not self.alive():
-                    raise EngineSetupError(
-                        f"vLLM on port {self.port} exited (rc={self.proc.poll() if self.proc else None}):\n"
-                        f"{self.log_tail()}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.url}/health").status_code == 200:
-                        self.ready_s = time.monotonic() - self.started_at
-                        return self.ready_s
-                time.sleep(0.5)
-        raise EngineSetupError(
-            f"vLLM on port {self.port} not ready after {timeout_s:.0f}s:\n{self.log_tail()}"
-        )
+        """Wait (from the start) until ``/health`` answers 200; returns seconds since start.
+        Raises :class:`EngineSetupError` with the log tail."""
+        if self.managed is None:
+            raise EngineSetupError(f"vLLM on port {self.port} was not started by this process")
+        left = self.started_at + timeout_s - time.monotonic()
+        try:
+            self.managed.wait_ready(http_ready(f"{self.url}/health"), max(0.0, left), max_interval=0.5)
+        except ProcessStartError as e:
+            raise EngineSetupError(str(e)) from None
+        self.ready_s = time.monotonic() - self.started_at
+        return self.ready_s
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM the process group, then SIGKILL after ``grace_s``; always reaps."""
-        if self.proc is None:
-            return
-        pid = self.proc.pid
-        if self.proc.poll() is None:
-            _killpg(pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=grace_s)
-        _killpg(pid, signal.SIGKILL)  # stragglers in the group (engine core, workers)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
-        _LIVE.pop(pid, None)
+        """SIGTERM the process group, then SIGKILL (with stragglers: engine core, workers) after
+        ``grace_s``; always reaps. Replicas attached from ``serve`` are left running."""
+        if self.managed is not None:
+            self.managed.stop(grace_s)
 
 
 def start_replicas(
@@ -430,10 +388,9 @@ def attach_replicas(python: Path, model: Path) -> list[VllmReplica]:
         for r in info["replicas"]
     ]
     for r in reps:
-        if not r.alive():
-            raise EngineSetupError(f"attached replica {r.url} (pid {r.external_pid}) is not running")
-        r.started_at = time.monotonic()
-        r.wait_ready(timeout_s=30)
+        seen = http_ready(f"{r.url}/health", timeout=30).poll() if r.alive() else "not running"
+        if seen is not None:
+            raise EngineSetupError(f"attached replica {r.url} (pid {r.external_pid}) is not ready: {seen}")
     return reps
 
 
