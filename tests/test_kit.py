@@ -83,3 +83,30 @@ def test_empty_setting_strings_count_as_unset(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setenv("LORAPLANE_S3_ENDPOINT_URL", "http://seaweedfs:8333")
     client = make_s3_client(RegistrySettings())
     assert client.meta.endpoint_url == "http://seaweedfs:8333"
+
+
+def test_own_services_from_wheels_when_the_machine_ones_are_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LORAPLANE_TEST_OWN_SERVICES=1 (a fresh machine): PostgreSQL and Redis from PyPI wheels."""
+    import redis
+
+    monkeypatch.delenv("LORAPLANE_TEST_PG_URL", raising=False)
+    monkeypatch.delenv("LORAPLANE_TEST_REDIS_URL", raising=False)
+    monkeypatch.setenv(ls.OWN_SERVICES_ENV, "1")
+    base = ls.pg_server_url()
+    assert not base.endswith(":5432") and ls.pg_server_url() == base  # started once per process
+    with ls.temp_pg_database("own") as url:
+        engine = make_engine(url)
+        try:
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("show server_version")).scalar()
+                assert conn.execute(sa.text("show fsync")).scalar() == "off"  # a throwaway server
+        finally:
+            engine.dispose()
+    rurl = ls.redis_server_url()
+    assert not rurl.startswith("redis://127.0.0.1:6379")
+    client = redis.Redis.from_url(rurl)
+    try:
+        client.set("lp:own", "1")
+        assert client.get("lp:own") == b"1"
+    finally:
+        client.close()
