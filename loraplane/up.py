@@ -190,6 +190,20 @@ def _check_vllm_python(python: str) -> None:
         )
 
 
+def console_traffic(admin_app: Any, gateway_registry: Any) -> Any:
+    """The console's traffic page samples this process's gateway and router metrics into a
+    bounded ring (every ``LORAPLANE_CONSOLE_TRAFFIC_INTERVAL_S``, default 10 s; one hour kept)."""
+    from prometheus_client import REGISTRY
+
+    from registry.console import RingTraffic, set_traffic
+
+    interval = float(os.environ.get("LORAPLANE_CONSOLE_TRAFFIC_INTERVAL_S") or 10)
+    registries = [gateway_registry] if gateway_registry is REGISTRY else [gateway_registry, REGISTRY]
+    ring = RingTraffic(registries, interval_s=interval, capacity=max(2, int(3600 / interval))).start()
+    set_traffic(admin_app, ring)
+    return ring
+
+
 async def run_up(
     *, data_dir: Path, replicas: int, base_model: str, port: int, admin_port: int, demo: bool,
     host: str = "127.0.0.1", replica_engine: str = "sim", vllm: VllmOptions | None = None,
@@ -253,6 +267,7 @@ async def run_up(
         admin_app = create_admin_app(
             reg_settings, engine=engine, store=store, feed=feed, replica_directory=router.directory
         )
+        traffic = console_traffic(admin_app, gateway.metrics.registry)
         servers = [
             make_server(admin_app, host, admin_port, log_level=gsettings.log_level),
             make_server(create_gateway_app(gateway), host, port, log_level=gsettings.log_level),
@@ -268,6 +283,7 @@ async def run_up(
         gw_url, admin_url = f"http://{host}:{port}", f"http://{host}:{admin_port}"
         print(f"gateway   {gw_url}/v1   (OpenAI-compatible)", flush=True)
         print(f"admin API {admin_url}/admin/v1", flush=True)
+        print(f"console   {admin_url}/admin/ui/   (sign in with the admin token)", flush=True)
         print(f"admin token: {token}" + ("   (generated; saved in " + str(data_dir / "admin_token") + ")"
                                          if generated else ""), flush=True)  # fmt: skip
         if demo:
@@ -287,6 +303,7 @@ async def run_up(
             print("\nopenai example (python):\n# --- openai example ---\n" + py + "# --- end ---", flush=True)
         print("\nloraplane is up — Ctrl-C to stop.", flush=True)
         await serving
+        traffic.close()
     finally:
         print("stopping …", flush=True)
         await asyncio.to_thread(stop_all, sims)

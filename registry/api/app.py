@@ -173,4 +173,7 @@ def create_admin_app(
     auth = [Depends(require_admin)]
     for module in (routes_adapters, routes_upload, routes_tenants, routes_ops):
         app.include_router(module.router, prefix=PREFIX, dependencies=auth)
+    from registry.console import install_console  # here: the console builds on registry.api.deps
+
+    install_console(app)  # the admin console at /admin/ui/ (its own sign-in)
     return app

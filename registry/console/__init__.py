@@ -1,0 +1,54 @@
+"""The admin console: server-rendered pages (Jinja2) at ``/admin/ui/`` in the admin API process.
+
+``install_console(app)`` adds the pages and ``/admin/ui/static`` to an admin app built by
+``registry.api.create_admin_app``; ``set_traffic(app, source)`` gives it the traffic source
+(``RingTraffic`` when a gateway runs in the same process, as under ``loraplane up``).
+
+Modules: ``web`` (templates, security headers, signed-in viewer, CSRF), ``session`` (signed
+cookie), ``routes_auth`` (sign-in/out), ``routes_adapters`` (adapters, adapter, confirmed
+changes), ``changes`` (actions and their rolled-back previews), ``routes_ops`` (replicas,
+traffic, tenants, audit), ``replica_view``, ``traffic`` and ``stats`` (traffic samples and rows).
+Actions call the same ``registry.services`` functions as the admin API's routes.
+"""
+
+from __future__ import annotations
+
+import os
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from fastapi.staticfiles import StaticFiles
+
+from registry.console import routes_adapters, routes_auth, routes_ops
+from registry.console.session import SessionCodec, console_secret
+from registry.console.traffic import NoTraffic, RingTraffic, TrafficSource
+from registry.console.web import BASE, HERE, ConsoleState, SignInRequired, redirect
+
+__all__ = ["BASE", "NoTraffic", "RingTraffic", "TrafficSource", "install_console", "set_traffic"]
+
+
+def install_console(app: FastAPI) -> None:
+    app.state.console = ConsoleState(
+        codec=SessionCodec(console_secret(_admin_token(app))),
+        traffic=NoTraffic(),
+        secure_cookies=os.environ.get("LORAPLANE_CONSOLE_SECURE_COOKIES", "") in ("1", "true", "yes"),
+    )
+    for module in (routes_auth, routes_adapters, routes_ops):
+        app.include_router(module.router, prefix=BASE, include_in_schema=False)
+    app.mount(BASE + "/static", StaticFiles(directory=str(HERE / "static")), name="console-static")
+
+    async def _sign_in(_req: Request, exc: Exception) -> Response:
+        assert isinstance(exc, SignInRequired)
+        return redirect("/signin", next=exc.next_url)
+
+    app.add_exception_handler(SignInRequired, _sign_in)
+
+
+def _admin_token(app: FastAPI) -> str | None:
+    """The admin token the app was built with (the session secret derives from it)."""
+    token: str | None = app.state.admin.admin_token
+    return token
+
+
+def set_traffic(app: FastAPI, source: TrafficSource) -> None:
+    app.state.console.traffic = source

@@ -1,0 +1,109 @@
+"""Console sign-in sessions: a signed, expiring cookie value and its CSRF token.
+
+The cookie (``lp_console``: HttpOnly, SameSite=Strict, Path=/admin/ui) holds
+``base64url(json) "." base64url(hmac_sha256(secret, json))`` with the principal id, its role
+and owners, an expiry and a random per-session CSRF token — never the sign-in token. Every
+form carries the CSRF token in a hidden ``csrf`` field and every POST compares it (constant
+time) with the session's. The sign-in form itself is protected by a double-submit cookie
+(``lp_console_pre``).
+
+The secret is ``LORAPLANE_CONSOLE_SECRET`` when set (share it between admin API processes);
+otherwise it is derived from the admin token (so processes sharing the token accept each
+other's sessions and rotating the token signs everyone out), or random per process when there
+is neither.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+
+COOKIE = "lp_console"
+PRE_COOKIE = "lp_console_pre"
+DEFAULT_TTL_S = 8 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSession:
+    principal: str
+    role: str
+    owners: tuple[str, ...]
+    csrf: str
+    expires: int
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def console_secret(admin_token: str | None) -> bytes:
+    explicit = os.environ.get("LORAPLANE_CONSOLE_SECRET")
+    if explicit:
+        return explicit.encode()
+    if admin_token:
+        return hmac.new(admin_token.encode(), b"loraplane-console-session-v1", hashlib.sha256).digest()
+    return secrets.token_bytes(32)
+
+
+class SessionCodec:
+    def __init__(self, secret: bytes, *, ttl_s: int = DEFAULT_TTL_S) -> None:
+        self._secret = secret
+        self.ttl_s = ttl_s
+
+    def _sign(self, payload: bytes) -> str:
+        return _b64(hmac.new(self._secret, payload, hashlib.sha256).digest())
+
+    def issue(self, principal: str, role: str, owners: tuple[str, ...]) -> tuple[str, ConsoleSession]:
+        sess = ConsoleSession(
+            principal=principal,
+            role=role,
+            owners=owners,
+            csrf=secrets.token_urlsafe(24),
+            expires=int(time.time()) + self.ttl_s,
+        )
+        body = {"p": principal, "r": role, "o": list(owners), "c": sess.csrf, "e": sess.expires}
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        return f"{_b64(payload)}.{self._sign(payload)}", sess
+
+    def load(self, value: str | None) -> ConsoleSession | None:
+        """The session in a cookie value, or None if missing, tampered with or expired."""
+        if not value or value.count(".") != 1:
+            return None
+        data, sig = value.split(".")
+        try:
+            payload = _unb64(data)
+        except ValueError:
+            return None
+        if not hmac.compare_digest(sig, self._sign(payload)):
+            return None
+        try:
+            body = json.loads(payload)
+            sess = ConsoleSession(
+                principal=str(body["p"]),
+                role=str(body["r"]),
+                owners=tuple(str(o) for o in body["o"]),
+                csrf=str(body["c"]),
+                expires=int(body["e"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+        if sess.expires < time.time():
+            return None
+        return sess
+
+
+def same_token(sent: str | None, expected: str | None) -> bool:
+    """Constant-time comparison of a submitted CSRF token with the expected one."""
+    if not sent or not expected:
+        return False
+    return hmac.compare_digest(sent.encode(), expected.encode())
