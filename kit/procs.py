@@ -153,7 +153,8 @@ _LIVE_LOCK = threading.Lock()
 
 class ManagedProcess:
     """One child process in its own session. ``start()`` is a no-op while it runs; ``stop()`` and
-    ``kill()`` are idempotent; after a stop it can be started again (same argv, log appended)."""
+    ``kill()`` are idempotent; after a stop it can be started again (same argv). The first start
+    empties the log file unless ``append_log``; a restart always appends to it."""
 
     def __init__(
         self,
@@ -163,6 +164,7 @@ class ManagedProcess:
         cwd: str | Path | None = None,
         log_path: str | Path | None = None,
         name: str | None = None,
+        append_log: bool = False,
     ) -> None:
         self.argv = [str(a) for a in argv]
         self.env = dict(env) if env is not None else None  # None: this process's environment
@@ -173,6 +175,7 @@ class ManagedProcess:
             os.close(fd)
             log_path = tmp
         self.log_path = Path(log_path)
+        self._append = append_log
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
 
@@ -191,7 +194,7 @@ class ManagedProcess:
         if self.alive():
             return self
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "ab" if self._append else "wb") as log:
             self.proc = subprocess.Popen(
                 self.argv,
                 stdin=subprocess.DEVNULL,
@@ -201,6 +204,7 @@ class ManagedProcess:
                 cwd=self.cwd,
                 start_new_session=True,
             )
+        self._append = True  # a restart keeps what the earlier run wrote
         self.started_at = time.monotonic()
         with _LIVE_LOCK:
             _LIVE.add(self)
@@ -225,6 +229,17 @@ class ManagedProcess:
         """Poll ``check`` until it passes; return the seconds waited. Raises
         :class:`ProcessStartError` if the process exits or ``timeout`` seconds pass."""
         return wait_all_ready([(self, check)], timeout, max_interval=max_interval)
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the process to exit by itself (after a signal, say); return its status.
+        Raises ``TimeoutError`` if it still runs after ``timeout`` seconds."""
+        if self.proc is None:
+            raise ProcessStartError(f"{self.name} was never started")
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{self.name} (pid {self.proc.pid}) still running after {timeout}s") from None
+        return rc
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` to the whole process group (nothing if it is gone)."""

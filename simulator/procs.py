@@ -93,7 +93,11 @@ class SimProcess:
         env.setdefault("PYTHONUNBUFFERED", "1")
         # a new ManagedProcess each time: the port (so the argv) may have changed since
         self.managed = kp.ManagedProcess(
-            self.argv(), env=env, log_path=self.log_path, name=f"simulator on port {self.port}"
+            self.argv(),
+            env=env,
+            log_path=self.log_path,
+            name=f"simulator on port {self.port}",
+            append_log=True,
         ).start()
         return self
 

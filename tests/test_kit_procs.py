@@ -3,6 +3,7 @@ SIGTERM, one that exits early, one that forks a grandchild."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import textwrap
 import time
@@ -176,3 +177,29 @@ def test_wait_all_ready_reports_the_one_that_exited_and_restart_appends_the_log(
         stop_all([good, bad], grace_s=5)
     assert not good.alive()
     assert good.log_path.read_text().count("Serving HTTP") == 2
+
+
+def test_signal_then_wait_and_the_log_is_fresh_unless_appending(tmp_path: Path) -> None:
+    (tmp_path / "stale.log").write_text("from an earlier run\n")
+    p = script(  # logs to stale.log
+        tmp_path,
+        "stale",
+        """
+        import time
+        print("up", flush=True)
+        try:
+            time.sleep(60)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        """,
+    )
+    with p:
+        p.wait_ready(log_ready(p.log_path, "up"), timeout=30)
+        with pytest.raises(TimeoutError, match="still running"):
+            p.wait(0.2)
+        p.signal(signal.SIGINT)  # what Ctrl-C in a terminal sends to the foreground group
+        assert p.wait(10) == 0
+    assert p.log_tail() == "up\ninterrupted\n"
+    kept = ManagedProcess([PY, "-c", "print('second')"], log_path=p.log_path, append_log=True).start()
+    assert kept.wait(30) == 0
+    assert p.log_path.read_text() == "up\ninterrupted\nsecond\n"

@@ -1,9 +1,10 @@
 """The whole product in front of the real vLLM replicas, for the end-to-end engine tests.
 
-``start_platform`` runs ``loraplane db upgrade`` then ``loraplane serve --role all`` as a child
-process (own process group) on PostgreSQL, Redis and the S3 server, with one pool made of
-the two real vLLM replicas (local staging directory shared with them), registers the tiny base
-model, a tenant and its key, and returns a :class:`Platform`. ``Platform.stop`` kills it by PID.
+``start_platform`` runs ``loraplane db upgrade`` then ``loraplane serve --role all`` as a
+``kit.procs.ManagedProcess`` (own process group) on PostgreSQL, Redis and the S3 server, with
+one pool made of the two real vLLM replicas (local staging directory shared with them),
+registers the tiny base model, a tenant and its key, and returns a :class:`Platform`.
+``Platform.stop`` stops it (SIGTERM, then SIGKILL).
 """
 
 from __future__ import annotations
@@ -11,18 +12,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from kit import localservices as ls
+from kit.procs import ManagedProcess, http_ready
 from registry.admin_client import AdminClient
 from tests.engine import vllm_env as ve
 
@@ -41,7 +39,7 @@ class Platform:
     bucket: str
     s3: ls.S3Server
     replicas: list[ve.VllmReplica]
-    proc: subprocess.Popen[bytes]
+    proc: ManagedProcess
     log_path: Path
     model_dir: Path
     module_shapes: dict[str, list[int]]
@@ -51,44 +49,15 @@ class Platform:
         return AdminClient(self.admin_url, self.token, timeout=60.0)
 
     def log_tail(self, n: int = 4000) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")[-n:]
-        return ""
+        return self.proc.log_tail(n)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
+        self.proc.stop(grace_s=10)
 
 
 def _cli() -> list[str]:
     script = Path(sys.executable).with_name("loraplane")
     return [str(script)] if script.exists() else [sys.executable, "-m", "loraplane.cli"]
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=2.0) as c:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"loraplane serve exited rc={proc.returncode}:\n{_tail(log_path)}")
-            with contextlib.suppress(httpx.HTTPError):
-                if c.get(url).status_code == 200:
-                    return
-            time.sleep(0.3)
-    raise RuntimeError(f"{url} not 200 after {timeout_s:.0f}s:\n{_tail(log_path)}")
-
-
-def _tail(p: Path, n: int = 4000) -> str:
-    with contextlib.suppress(OSError):
-        return p.read_text(errors="replace")[-n:]
-    return ""
 
 
 @contextlib.contextmanager
@@ -148,15 +117,10 @@ def start_platform(
         if up.returncode != 0:
             raise RuntimeError(f"loraplane db upgrade failed:\n{up.stdout}\n{up.stderr}")
         log_path = workdir / "serve.log"
-        with open(log_path, "wb") as lf:
-            proc = subprocess.Popen(
-                [*_cli(), "serve", "--role", "all"],
-                env=env,
-                stdout=lf,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        proc = ManagedProcess(
+            [*_cli(), "serve", "--role", "all"], env=env, log_path=log_path, name="loraplane serve"
+        )
+        proc.start()
         platform = Platform(
             gateway_url=f"http://127.0.0.1:{gw_port}",
             admin_url=f"http://127.0.0.1:{admin_port}",
@@ -171,8 +135,8 @@ def start_platform(
             module_shapes=module_shapes,
         )
         try:
-            _wait(f"{platform.gateway_url}/healthz", proc, log_path)
-            _wait(f"{platform.gateway_url}/readyz", proc, log_path)
+            proc.wait_ready(http_ready(f"{platform.gateway_url}/healthz"), 300)
+            proc.wait_ready(http_ready(f"{platform.gateway_url}/readyz"), 300)
             with platform.admin() as admin:
                 admin.create_base_model(
                     name=BASE,

@@ -7,14 +7,9 @@ a simulator bug, reported with the request, vLLM's answer and the simulator's an
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kit.localservices import free_port
+from simulator.procs import SimProcess
 from tests.engine import vllm_env as ve
 from tests.engine.conftest import ENGINE_MARKS, EngineAdapters
 
@@ -32,56 +27,26 @@ BASE = ve.SERVED_NAME
 
 
 @pytest.fixture(scope="module")
-def simulator_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def simulator_url() -> Iterator[str]:
     """A simulator process configured like the real replicas (same flags that matter)."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("sim") / "sim.log"
-    with open(log, "wb") as lf:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "simulator",
-                "--port",
-                str(port),
-                "--model",
-                BASE,
-                "--max-model-len",
-                str(ve.MAX_MODEL_LEN),
-                "--max-loras",
-                str(ve.MAX_LORAS),
-                "--max-cpu-loras",
-                str(ve.MAX_CPU_LORAS),
-                "--max-lora-rank",
-                str(ve.MAX_LORA_RANK),
-                # the real replicas run vLLM's multiproc executor, which wraps engine-side errors
-                "--wrap-worker-errors",
-            ],
-            stdout=lf,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
+    sim = SimProcess(
+        model=BASE,
+        extra_args=[
+            "--max-model-len", str(ve.MAX_MODEL_LEN),
+            "--max-loras", str(ve.MAX_LORAS),
+            "--max-cpu-loras", str(ve.MAX_CPU_LORAS),
+            "--max-lora-rank", str(ve.MAX_LORA_RANK),
+            # the real replicas run vLLM's multiproc executor, which wraps engine-side errors
+            "--wrap-worker-errors",
+        ],
+        env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+        ready_timeout=60,
+    )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.2)
-        else:
-            raise AssertionError(f"simulator not ready:\n{log.read_text()[-3000:]}")
-        yield url
+        sim.start().wait_ready()
+        yield sim.url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
+        sim.cleanup()
 
 
 def _conformance(url: str, adapters: EngineAdapters) -> dict[str, Any]:

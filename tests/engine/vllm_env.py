@@ -124,7 +124,7 @@ def _run_logged(cmd: Sequence[str], log_path: Path, log: Log, *, timeout_s: floa
     with open(log_path, "ab") as lf:
         lf.write(f"\n$ {' '.join(cmd)}\n".encode())
         offset = lf.tell()
-    proc = ManagedProcess(cmd, log_path=log_path, name=label).start()
+    proc = ManagedProcess(cmd, log_path=log_path, name=label, append_log=True).start()
     last_echo, pending = 0.0, b""
     with open(log_path, "rb") as out:
         out.seek(offset)
