@@ -1,13 +1,29 @@
 """Evictors: which idle adapters to unload from the chosen replica when it is at ``max_adapters``.
 
-| evictor            | unloads                                                                   |
-|--------------------|---------------------------------------------------------------------------|
-| lru-idle           | the least recently used idle residents (``framework.Evictor``)             |
-| lru-idle-keep-hot  | the same, passing over idle copies of adapters still in demand elsewhere  |
+The evictor's answer is final (``Decision.evict``): the runtime unloads exactly those adapters,
+so every rule about what may be unloaded lives here, as data read from the snapshot and the
+request (``tests/router/test_placement_evictors.py``):
+
+1. Only ``resident`` adapters with no request in flight (``Resident.inflight``: cluster-wide,
+   every gateway process) are candidates — never one loading, unloading or serving.
+2. Hot copies: a candidate whose eviction would leave fewer healthy, non-``failed`` copies of
+   its adapter than ``PlacementRequest.hot_targets[name]`` is passed over while another
+   candidate remains. When only such copies are left, a ``strict_hot`` request (a hot
+   prewarm) gets None — no room, so hot adapters never evict each other — and any other
+   request takes them (serving a live request wins; the prewarm restores the copy later).
+3. Among the rest, each evictor has its own order:
+
+| evictor              | unloads first                                                                      |
+|----------------------|------------------------------------------------------------------------------------|
+| lru-idle             | the least recently used                                                            |
+| lru-idle-keep-hot    | the least recently used, passing over idle copies of adapters still in demand      |
+| cost-aware-keep-hot  | the lowest expected reload cost (frequency × recency × load time), same hysteresis |
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 from operator import attrgetter
 from typing import ClassVar
@@ -17,14 +33,70 @@ from router.placement.types import Resident
 
 _RESIDENTS = attrgetter("residents")
 _INFLIGHT = attrgetter("inflight")
+_LN2 = math.log(2.0)
+
+
+def keeps_hot_copy(ctx: PickContext, name: str) -> bool:
+    """Whether evicting one copy of ``name`` would leave fewer copies than its hot target
+    (copies: healthy replicas of the whole snapshot holding it in a state other than ``failed``)."""
+    want = ctx.request.hot_targets.get(name, 0)
+    if want <= 0:
+        return False
+    copies = 0
+    for v in ctx.all_replicas:
+        r = v.residents.get(name)
+        if r is not None and v.healthy and r.state != "failed":
+            copies += 1
+    return copies <= want
+
+
+def final_victims(ctx: PickContext, order: Iterable[str], need: int) -> tuple[str, ...] | None:
+    """The first ``need`` names of ``order`` (idle residents, preferred victims first) that are
+    not hot copies to keep; hot copies fill the rest unless ``ctx.request.strict_hot`` (None).
+    ``order`` must hold at least ``need`` names."""
+    hot = ctx.request.hot_targets
+    chosen: list[str] = []
+    if not hot:
+        for name in order:
+            chosen.append(name)
+            if len(chosen) == need:
+                break
+        return tuple(chosen)
+    kept: list[str] = []
+    for name in order:
+        if len(chosen) == need:
+            break
+        if name in hot and keeps_hot_copy(ctx, name):
+            kept.append(name)
+        else:
+            chosen.append(name)
+    if len(chosen) < need:
+        if ctx.request.strict_hot:
+            return None
+        chosen.extend(kept[: need - len(chosen)])
+    return tuple(chosen)
+
+
+class LruIdleEvictor(Evictor):
+    """The least recently used idle residents, keeping hot copies (rules 1–2 of the module doc)."""
+
+    name: ClassVar[str] = "lru-idle"
+
+    def victims(self, ctx: PickContext, index: int, need: int) -> tuple[str, ...] | None:
+        idle = ctx.sums[index].idle_lru
+        if len(idle) < need:
+            return None
+        return final_victims(ctx, (r.lora_name for r in idle), need)
 
 
 class HotCopyEvictor(Evictor):
-    """LRU idle eviction that keeps copies of adapters still in demand (replication hysteresis).
+    """Idle eviction that keeps copies of adapters still in demand (replication hysteresis).
 
     An idle resident whose adapter has, summed over all replicas, in-flight ≥ ``low_water`` ×
     max_num_seqs (a copy of a hot adapter that is momentarily idle here) is passed over while
-    enough colder idle adapters exist. At most ``scan`` idle candidates are examined.
+    enough colder idle adapters exist; at most ``scan`` candidates (in :meth:`ranked` order) are
+    examined for that. Candidates are ranked least recently used first; subclasses change
+    :meth:`ranked`. Hot copies (``hot_targets``) are kept as in :func:`final_victims`.
     """
 
     name: ClassVar[str] = "lru-idle-keep-hot"
@@ -33,17 +105,25 @@ class HotCopyEvictor(Evictor):
         self.low_water = low_water
         self.scan = scan
 
+    def ranked(self, ctx: PickContext, index: int) -> Sequence[Resident]:
+        """The replica's idle residents, preferred victims first."""
+        return ctx.sums[index].idle_lru
+
     def victims(self, ctx: PickContext, index: int, need: int) -> tuple[str, ...] | None:
-        view = ctx.replicas[index]
         idle = ctx.sums[index].idle_lru
         if len(idle) < need:
             return None
+        ranked = self.ranked(ctx, index)
+        view = ctx.replicas[index]
         cap = view.max_num_seqs if view.max_num_seqs > 0 else 1
-        chosen: list[str] = []
+        return final_victims(ctx, self._order(ctx, ranked, cap), need)
+
+    def _order(self, ctx: PickContext, ranked: Sequence[Resident], cap: int) -> Iterator[str]:
+        """The cold candidates among the first ``scan`` (demand computed lazily, one adapter at
+        a time), then every other candidate in ranked order."""
+        taken: set[str] = set()
         maps: list[dict[str, Resident]] | None = None  # every replica's residents, built once
-        for r in idle[: self.scan]:
-            if len(chosen) == need:
-                break
+        for r in ranked[: self.scan]:
             name = r.lora_name
             if maps is None:
                 maps = list(map(_RESIDENTS, ctx.all_replicas))
@@ -51,11 +131,63 @@ class HotCopyEvictor(Evictor):
             # residents.get per replica, drop the misses, add the in-flight counts).
             demand = sum(map(_INFLIGHT, filter(None, map(dict.get, maps, repeat(name)))))
             if not demand / cap >= self.low_water:
-                chosen.append(name)
-        if len(chosen) < need:  # not enough cold ones: fall back to plain LRU order
-            rest = [r.lora_name for r in idle if r.lora_name not in chosen]
-            chosen.extend(rest[: need - len(chosen)])
-        return tuple(chosen)
+                taken.add(name)
+                yield name
+        for r in ranked:
+            if r.lora_name not in taken:
+                yield r.lora_name
 
 
-EVICTORS: dict[str, type[Evictor]] = {Evictor.name: Evictor, HotCopyEvictor.name: HotCopyEvictor}
+class CostAwareEvictor(HotCopyEvictor):
+    """Evicts the idle residents whose loss costs least, weighing frequency, recency and size
+    (GreedyDual-Size-Frequency in spirit, stateless: everything comes from the snapshot).
+
+    value = max(1, requests) × 2^(−idle / half_life_s) × (load_fixed_s + size_bytes / load_bytes_per_s)
+
+    ``requests`` (``Resident.requests``) is how often the adapter was asked for, ``idle`` =
+    now − ``last_used`` (≥ 0) decays that count — an adapter popular long ago loses its place —
+    and the last factor is the time a reload would take, so with equal demand a large adapter is
+    kept over a small one (a registration slot holds one adapter whatever its size: the size
+    counts as reload cost, not as space). Lowest value first; ties in LRU order. Copies of
+    adapters in demand elsewhere and hot copies are kept as by :class:`HotCopyEvictor`.
+    """
+
+    name: ClassVar[str] = "cost-aware-keep-hot"
+
+    def __init__(
+        self,
+        low_water: float = 0.05,
+        scan: int = 8,
+        half_life_s: float = 120.0,
+        load_fixed_s: float = 0.15,
+        load_bytes_per_s: float = 2e9,
+    ) -> None:
+        if not (0 < half_life_s < math.inf and 0 <= load_fixed_s < math.inf and load_bytes_per_s > 0):
+            raise ValueError("half_life_s > 0, load_fixed_s >= 0 and load_bytes_per_s > 0 are required")
+        super().__init__(low_water, scan)
+        self.half_life_s = half_life_s
+        self.load_fixed_s = load_fixed_s
+        self.load_bytes_per_s = load_bytes_per_s
+
+    def value(self, r: Resident, now: float) -> float:
+        """Expected cost of evicting ``r`` at ``now`` (seconds of reload, weighted by demand)."""
+        idle = now - r.last_used
+        if not idle > 0.0:  # used "in the future" (clock skew between processes), or NaN
+            idle = 0.0 if idle == idle else math.inf
+        decay = math.exp(-idle * _LN2 / self.half_life_s)
+        count = r.requests if r.requests > 1 else 1
+        cost = self.load_fixed_s + (r.size_bytes if r.size_bytes > 0 else 0) / self.load_bytes_per_s
+        return count * decay * cost
+
+    def ranked(self, ctx: PickContext, index: int) -> Sequence[Resident]:
+        idle = ctx.sums[index].idle_lru  # LRU order: a stable sort keeps it among equal values
+        now = ctx.now
+        value = self.value
+        return sorted(idle, key=lambda r: value(r, now))
+
+
+EVICTORS: dict[str, type[Evictor]] = {
+    LruIdleEvictor.name: LruIdleEvictor,
+    HotCopyEvictor.name: HotCopyEvictor,
+    CostAwareEvictor.name: CostAwareEvictor,
+}

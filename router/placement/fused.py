@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 
-from router.placement.evictors import HotCopyEvictor
+from router.placement.evictors import CostAwareEvictor, HotCopyEvictor, LruIdleEvictor
 from router.placement.filters import CanHostFilter, ExcludeFilter, HealthyFilter
 from router.placement.framework import (
     PRESENT,
@@ -59,7 +59,7 @@ _FILTER_TYPES = (HealthyFilter, ExcludeFilter, CanHostFilter)
 _SCORER_TYPES = (ResidencyAffinityScorer, RunningSetScorer, FreeSlotScorer, LoadScorer)
 # Evictors that read only the chosen replica (``ctx.replicas[index]``, ``ctx.sums[index]``) and
 # ``ctx.all_replicas``: the fast path hands them a one-candidate context. Others get the full one.
-_CHOSEN_ONLY_EVICTORS: tuple[type[Evictor], ...] = (Evictor, HotCopyEvictor)
+_CHOSEN_ONLY_EVICTORS: tuple[type[Evictor], ...] = (Evictor, LruIdleEvictor, HotCopyEvictor, CostAwareEvictor)
 
 
 class _Row:

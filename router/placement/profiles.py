@@ -11,8 +11,9 @@ its own RNG / round-robin counter). Profiles:
 - ``custom`` — any pipeline from the plugin registries: ``filters=[...]``,
   ``scorers=[[name, weight, {params}], ...]``, ``picker=name`` or ``[name, {params}]``.
 
-All baselines use the same filters (healthy, exclude, can-host) and the same LRU idle eviction,
-so benchmarks compare placement, not eviction.
+All baselines use the same filters (healthy, exclude, can-host) and the same LRU idle eviction
+(``lru-idle``, which like every evictor keeps hot copies: ``router/placement/evictors.py``), so
+benchmarks compare placement, not eviction.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from router.placement.evictors import HotCopyEvictor
+from router.placement.evictors import EVICTORS, HotCopyEvictor, LruIdleEvictor
 from router.placement.filters import FILTERS, CanHostFilter, ExcludeFilter, HealthyFilter
-from router.placement.framework import Filter, Picker, SchedulerProfile, Scorer
+from router.placement.framework import Evictor, Filter, Picker, SchedulerProfile, Scorer
 from router.placement.fused import DefaultProfile
 from router.placement.pickers import (
     PICKERS,
@@ -84,15 +85,17 @@ def default_profile(
 
 
 def round_robin_profile() -> SchedulerProfile:
-    return SchedulerProfile("round-robin", _filters(), [], RoundRobinPicker())
+    return SchedulerProfile("round-robin", _filters(), [], RoundRobinPicker(), LruIdleEvictor())
 
 
 def least_request_profile() -> SchedulerProfile:
-    return SchedulerProfile("least-request", _filters(), [(LeastRequestScorer(), 1.0)], MaxScorePicker())
+    return SchedulerProfile(
+        "least-request", _filters(), [(LeastRequestScorer(), 1.0)], MaxScorePicker(), LruIdleEvictor()
+    )
 
 
 def random_profile(*, seed: int | None = 0) -> SchedulerProfile:
-    return SchedulerProfile("random", _filters(), [], RandomPicker(seed))
+    return SchedulerProfile("random", _filters(), [], RandomPicker(seed), LruIdleEvictor())
 
 
 def gie_profile(
@@ -109,7 +112,9 @@ def gie_profile(
         (QueueScorer(), queue_weight),
         (KvCacheScorer(), kv_weight),
     ]
-    return SchedulerProfile("gie-lora-affinity", _filters(), scorers, MaxScoreRandomTiePicker(seed))
+    return SchedulerProfile(
+        "gie-lora-affinity", _filters(), scorers, MaxScoreRandomTiePicker(seed), LruIdleEvictor()
+    )
 
 
 def _plugin(registry: Mapping[str, type[Any]], kind: str, spec: Any) -> tuple[Any, list[Any]]:
@@ -138,9 +143,10 @@ def custom_profile(
     filters: list[Any] | None = None,
     scorers: list[Any] | None = None,
     picker: Any = "max-score",
+    evictor: Any = "lru-idle",
     name: str = "custom",
 ) -> SchedulerProfile:
-    """A pipeline assembled from the plugin registries (FILTERS, SCORERS, PICKERS)."""
+    """A pipeline assembled from the plugin registries (FILTERS, SCORERS, PICKERS, EVICTORS)."""
     fs = [_plugin(FILTERS, "filter", f)[0] for f in (filters or ["healthy", "exclude", "can-host"])]
     if not any(isinstance(f, CanHostFilter) for f in fs):
         fs.append(CanHostFilter())  # never evict an adapter with requests in flight
@@ -150,7 +156,8 @@ def custom_profile(
         weight = float(rest[0]) if rest else 1.0
         ss.append((scorer, weight))
     pk: Picker = _plugin(PICKERS, "picker", picker)[0]
-    return SchedulerProfile(name, fs, ss, pk)
+    ev: Evictor = _plugin(EVICTORS, "evictor", evictor)[0]
+    return SchedulerProfile(name, fs, ss, pk, ev)
 
 
 PROFILES: dict[str, Callable[..., SchedulerProfile]] = {

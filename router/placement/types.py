@@ -27,6 +27,11 @@ class Resident:
     last_used: float  # clock seconds of the last request routed to it there
     inflight: int = 0  # requests the router has in flight for it on this replica
     size_bytes: int = 0
+    # ADDED (placement, issue 9): requests routed to this adapter since the router started, all
+    # replicas together (one counter per lora_name, kept across evictions and reloads; the
+    # runtime copies it into every Resident of that adapter). The cost-aware evictor weighs it
+    # by recency (``last_used``); 0 = unknown, counted as 1.
+    requests: int = 0
 
 
 @dataclass(frozen=True, slots=True)

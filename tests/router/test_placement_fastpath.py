@@ -3,7 +3,8 @@ pipeline (filters → weighted scorers → max-score picker → evictor, ``Sched
 
 Random clusters cover: unhealthy replicas, ``exclude`` sets, base-model requests, adapters held in
 every residency state, saturated replicas (load, per-adapter in-flight, full running sets), full
-replicas needing one or several evictions, idle copies of hot adapters (HotCopyEvictor), ties,
+replicas needing one or several evictions, idle copies of hot adapters (HotCopyEvictor), hot-copy
+targets with and without a strict prewarm (``PlacementRequest.hot_targets``), ties,
 ``now`` before and after the free-slot idle horizon, custom parameters and weights; snapshots are
 rebuilt between picks as the router (and benchmarks/placement.py) does. The reference evictor
 and summary below are the implementations the fast path replaced, kept verbatim.
@@ -44,7 +45,8 @@ STATES: tuple[ResidencyState, ...] = (
 
 
 class ReferenceHotCopyEvictor(Evictor):
-    """HotCopyEvictor as it was before the fast path (per-candidate demand over all replicas)."""
+    """HotCopyEvictor as it was before the fast path (per-candidate demand over all replicas),
+    plus the hot-copy rules of ``PlacementRequest.hot_targets`` / ``strict_hot``, written out."""
 
     name = "reference-lru-idle-keep-hot"
 
@@ -58,21 +60,31 @@ class ReferenceHotCopyEvictor(Evictor):
         if len(idle) < need:
             return None
         cap = view.max_num_seqs if view.max_num_seqs > 0 else 1
-        chosen: list[str] = []
-        kept: list[str] = []
+        cold: list[str] = []
         for r in idle[: self.scan]:
-            if len(chosen) == need:
-                break
             name = r.lora_name
             demand = sum([o.inflight for v in ctx.all_replicas if (o := v.residents.get(name)) is not None])
-            if demand / cap >= self.low_water:
-                kept.append(r.lora_name)
-            else:
-                chosen.append(r.lora_name)
-        if len(chosen) < need:
-            rest = [r.lora_name for r in idle if r.lora_name not in chosen]
-            chosen.extend(rest[: need - len(chosen)])
-        return tuple(chosen)
+            if not demand / cap >= self.low_water:
+                cold.append(name)
+        order = cold + [r.lora_name for r in idle if r.lora_name not in cold]
+        # Hot copies (eviction as data): passed over while another candidate exists; when only
+        # they are left, a strict (prewarm) request gets no room, any other takes them.
+        free = [n for n in order if not reference_keeps_hot_copy(ctx, n)]
+        if len(free) >= need:
+            return tuple(free[:need])
+        if ctx.request.strict_hot:
+            return None
+        return tuple(free + [n for n in order if n not in free][: need - len(free)])
+
+
+def reference_keeps_hot_copy(ctx: PickContext, name: str) -> bool:
+    want = ctx.request.hot_targets.get(name, 0)
+    copies = [
+        v
+        for v in ctx.all_replicas
+        if v.healthy and name in v.residents and v.residents[name].state != "failed"
+    ]
+    return want > 0 and len(copies) <= want
 
 
 def reference_idle_lru(view: ReplicaView) -> tuple[Resident, ...]:
@@ -151,7 +163,13 @@ def rand_request(rng: random.Random, names: list[str], urls: list[str]) -> Place
     exclude = (
         frozenset(rng.sample(urls, rng.randint(1, min(3, len(urls))))) if rng.random() < 0.2 else frozenset()
     )
-    return PlacementRequest(lora_name=name, adapter_id=name, exclude=exclude)
+    hot: dict[str, int] = {}
+    if rng.random() < 0.3:  # hot-copy targets (eviction as data), sometimes a strict prewarm
+        hot = {n: rng.randint(0, 3) for n in rng.sample(names, rng.randint(1, len(names)))}
+    strict = bool(hot) and rng.random() < 0.3
+    return PlacementRequest(
+        lora_name=name, adapter_id=name, exclude=exclude, hot_targets=hot, strict_hot=strict
+    )
 
 
 def rand_profile(rng: random.Random) -> DefaultProfile:
@@ -205,8 +223,9 @@ def rebuilt(
         views[k] = replace(views[k], healthy=not views[k].healthy)
 
 
-def check_sequence(seed: int, picks: int) -> int:
-    """Run ``picks`` decisions on one evolving random cluster; return how many were compared."""
+def check_sequence(seed: int, picks: int) -> tuple[int, int, int]:
+    """Run ``picks`` decisions on one evolving random cluster; return how many were compared,
+    how many evicted under hot-copy targets, and how many strict prewarms got no room."""
     rng = random.Random(seed)
     names = [f"a{k}" for k in range(rng.randint(2, 14))]
     now = rng.choice((0.0, 100.0, 5000.0))
@@ -216,6 +235,7 @@ def check_sequence(seed: int, picks: int) -> int:
     views = [rand_view(rng, i, names, now, horizon) for i in range(rng.randint(1, 24))]
     if rng.random() < 0.3:  # identical replicas: exact ties in the totals
         views = views + [replace(v, url=f"{v.url}-twin") for v in views[: rng.randint(1, len(views))]]
+    hot_evictions = no_room = 0
     for _ in range(picks):
         req = rand_request(rng, [*names, "absent"], [v.url for v in views])
         # The generic pipeline runs on copies (its own memo), the fused path on the originals.
@@ -225,14 +245,17 @@ def check_sequence(seed: int, picks: int) -> int:
         assert outcome(got) == outcome(want), (seed, req, now)
         if rng.random() < 0.2:  # and the generic pipeline of the very same instance
             assert outcome(SchedulerProfile.pick(fused, req, views, now)) == outcome(want), (seed, req)
+        hot_evictions += bool(req.hot_targets and got.evict)
+        no_room += req.strict_hot and got.replica is None and "max_adapters" in got.reason
         rebuilt(rng, views, got, req, now)
         now += rng.choice((0.0, 0.5, horizon / 3, horizon))
-    return picks
+    return picks, hot_evictions, no_room
 
 
 def test_fused_default_matches_generic_pipeline_on_random_clusters() -> None:
-    compared = sum(check_sequence(seed, 12) for seed in range(1000))
-    assert compared == 12000
+    counts = [check_sequence(seed, 12) for seed in range(1000)]
+    assert sum(c[0] for c in counts) == 12000
+    assert sum(c[1] for c in counts) > 40 and sum(c[2] for c in counts) > 5  # hot paths exercised
 
 
 def test_fused_default_matches_generic_on_the_benchmark_workload() -> None:
