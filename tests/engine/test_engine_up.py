@@ -11,13 +11,13 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import openai
 
 from kit.localservices import free_port
+from kit.procs import ManagedProcess, log_ready
 from tests.engine.conftest import ENGINE_MARKS, EngineEnv
 from tests.engine.product import _cli
 from tests.procs import alive, children
@@ -39,14 +39,10 @@ def test_up_engine_vllm_demo_serves_adapters_and_stops_cleanly(engine_env: Engin
     ]  # fmt: skip
     env = {**os.environ, "LORAPLANE_LOG_LEVEL": "WARNING"}
     env.pop("LORAPLANE_ADMIN_TOKEN", None)
-    with open(log, "wb") as lf:
-        proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env)
+    proc = ManagedProcess(cmd, env=env, log_path=log, name="loraplane up").start()
+    assert proc.pid is not None
     try:
-        deadline = time.monotonic() + READY_S
-        while "loraplane is up" not in log.read_text(errors="replace"):
-            assert proc.poll() is None, f"up exited {proc.returncode}:\n{log.read_text()[-4000:]}"
-            assert time.monotonic() < deadline, log.read_text()[-4000:]
-            time.sleep(0.5)
+        proc.wait_ready(log_ready(log, "loraplane is up"), READY_S, max_interval=0.5)
         text = log.read_text()
         base = engine_env.model.name
         assert f"models: {base}, {base}:demo-support, {base}:demo-sql" in text
@@ -69,18 +65,16 @@ def test_up_engine_vllm_demo_serves_adapters_and_stops_cleanly(engine_env: Engin
                 answers[model] = body.choices[0].text
         # the generated demo adapters change what the real model says, and differ from each other
         assert len(set(answers.values())) == 3, answers
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 0, log.read_text()[-4000:]
+        proc.signal(signal.SIGINT)  # to up's process group, as Ctrl-C; each replica leads its own
+        assert proc.wait(120) == 0, log.read_text()[-4000:]
         assert "stopped." in log.read_text()
         deadline = time.monotonic() + 30
         while any(alive(p) for p in engines) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not any(alive(p) for p in engines), engines
     finally:
-        leftovers = children(proc.pid) if proc.poll() is None else []
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+        leftovers = children(proc.pid) if proc.alive() else set()
+        proc.kill()
         for p in leftovers:  # each replica leads its own process group
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p, signal.SIGKILL)
