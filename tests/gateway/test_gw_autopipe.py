@@ -4,9 +4,6 @@ atomic script run and its own reply or error; Redis down, restarted, flushed or 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +16,7 @@ from redis.exceptions import ResponseError
 
 from gateway.ratelimit import LimiterUnavailable, RedisLimiter, make_plan
 from gateway.ratelimit.autopipe import AutoPipeline, RoundTripError, pack
-from kit.localservices import free_port
+from kit.procs import ManagedProcess, free_port, tcp_ready
 from kit.redis_factory import make_redis
 
 
@@ -287,24 +284,20 @@ async def test_redis_stopped_then_back(tmp_path: Path) -> None:
     no scripts): admissions work again without any restart of the limiter."""
     port = free_port()
 
-    def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
+    def start() -> ManagedProcess:
+        proc = ManagedProcess(
             ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(tmp_path)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        for _ in range(100):
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.1):
-                return proc
-            time.sleep(0.05)
-        raise AssertionError("redis-server did not start")
+            log_path=tmp_path / "redis.log", append_log=True,
+        ).start()  # fmt: skip
+        proc.wait_ready(tcp_ready("127.0.0.1", port, timeout=0.1), 15)
+        return proc
 
     proc = start()
     lim = RedisLimiter(make_redis(f"redis://127.0.0.1:{port}/0"), timeout_s=0.5)
     try:
         assert (await lim.admit(plan(rpm=10))).states[0].remaining == 9
-        proc.terminate()
-        proc.wait(10)
+        proc.stop()
         t0 = time.monotonic()
         out = await asyncio.gather(*[lim.admit(plan(rpm=10)) for _ in range(5)], return_exceptions=True)
         assert all(isinstance(x, LimiterUnavailable) for x in out)
@@ -314,5 +307,4 @@ async def test_redis_stopped_then_back(tmp_path: Path) -> None:
         assert [r.states[0].remaining for r in results] == [9, 8, 7]  # a fresh store
     finally:
         await lim.close()
-        proc.terminate()
-        proc.wait(10)
+        proc.stop()
