@@ -44,6 +44,7 @@ __all__ = [
     "stop_all",
     "tcp_ready",
     "wait_all_ready",
+    "wait_for",
 ]
 
 
@@ -283,11 +284,18 @@ class ManagedProcess:
         return f"ManagedProcess({self.name!r}, pid={self.pid}, alive={self.alive()})"
 
 
+def wait_for(check: ReadyCheck, timeout: float, *, max_interval: float = 0.25) -> float:
+    """Wait until ``check`` passes for a server that is not a child process (a uvicorn thread, a
+    shared service); return the seconds waited. Raises :class:`ProcessStartError` at the deadline."""
+    return wait_all_ready([(None, check)], timeout, max_interval=max_interval)
+
+
 def wait_all_ready(
-    items: Sequence[tuple[ManagedProcess, ReadyCheck]], timeout: float, *, max_interval: float = 0.25
+    items: Sequence[tuple[ManagedProcess | None, ReadyCheck]], timeout: float, *, max_interval: float = 0.25
 ) -> float:
     """Wait until every process's check passes (all polled in turn, one deadline); return the
-    seconds waited. Raises :class:`ProcessStartError` as soon as one exits, or at the deadline."""
+    seconds waited. Raises :class:`ProcessStartError` as soon as one exits, or at the deadline.
+    A ``None`` process means a check with no process to watch."""
     t0 = time.monotonic()
     deadline = t0 + timeout
     pending = list(items)
@@ -296,7 +304,8 @@ def wait_all_ready(
     try:
         while True:
             for i, (proc, check) in enumerate(pending):
-                proc.check_running()
+                if proc is not None:
+                    proc.check_running()
                 seen = check.poll()
                 if seen is None:
                     check.close()
@@ -308,11 +317,11 @@ def wait_all_ready(
                 return time.monotonic() - t0
             if time.monotonic() >= deadline:
                 proc, check = pending[0]
-                raise ProcessStartError(
-                    f"{proc.name} (pid {proc.pid}) not ready after {timeout:.0f}s waiting for "
-                    f"{check.what} (last: {last.get(id(check), '-')}); log {proc.log_path}:\n"
-                    f"{proc.log_tail()}"
-                )
+                what = f"not ready after {timeout:.0f}s waiting for {check.what}"
+                what += f" (last: {last.get(id(check), '-')})"
+                if proc is not None:
+                    what = f"{proc.name} (pid {proc.pid}) {what}; log {proc.log_path}:\n{proc.log_tail()}"
+                raise ProcessStartError(what)
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 1.5, max_interval)
     finally:

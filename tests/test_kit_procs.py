@@ -4,6 +4,7 @@ SIGTERM, one that exits early, one that forks a grandchild."""
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import textwrap
 import time
@@ -18,9 +19,11 @@ from kit.procs import (
     free_port,
     http_ready,
     log_ready,
+    ready_when,
     stop_all,
     tcp_ready,
     wait_all_ready,
+    wait_for,
 )
 from tests.procs import alive
 
@@ -203,3 +206,23 @@ def test_signal_then_wait_and_the_log_is_fresh_unless_appending(tmp_path: Path) 
     kept = ManagedProcess([PY, "-c", "print('second')"], log_path=p.log_path, append_log=True).start()
     assert kept.wait(30) == 0
     assert p.log_path.read_text() == "up\ninterrupted\nsecond\n"
+
+
+def test_wait_for_checks_without_a_process() -> None:
+    port = free_port()
+    with pytest.raises(ProcessStartError, match=rf"waiting for TCP 127.0.0.1:{port} \(last: .*refused"):
+        wait_for(tcp_ready("127.0.0.1", port), 0.3)
+    with socket.create_server(("127.0.0.1", port)):
+        assert wait_for(tcp_ready("127.0.0.1", port), 5) < 5
+    calls: list[int] = []
+
+    def third_time() -> bool:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("not listening yet")  # an exception is "not ready yet"
+        return len(calls) == 3
+
+    wait_for(ready_when("third call", third_time), 10)
+    assert len(calls) == 3
+    with pytest.raises(ProcessStartError, match=r"waiting for never \(last: not yet\)"):
+        wait_for(ready_when("never", lambda: False), 0.2)

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import uvicorn
 from pydantic import SecretStr
 
-from kit.localservices import free_port
+from kit.procs import free_port, http_ready, wait_for
 from registry import migrate
 from registry.adapter_factory import write_adapter
 from registry.demo import demo_base_model
@@ -43,17 +41,8 @@ def admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120  # generous: CI machines can be heavily loaded
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/admin/v1/healthz", timeout=5).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.05)
-    else:
-        server.should_exit = True
-        pytest.fail("admin API did not start")
     try:
+        wait_for(http_ready(f"{url}/admin/v1/healthz", timeout=5), 120)  # CI machines can be very loaded
         yield url
     finally:
         server.should_exit = True
