@@ -5,8 +5,9 @@ revocable), ``promotion_requests`` (approvals as a JSON list on the row, which a
 ``approvals_required`` on base models and (overriding, nullable) on adapters.
 
 Tables: ``base_models``, ``adapters`` (``hot``: marked hot by an operator, kept prewarmed by the
-router, SPEC §8), ``versions`` (``quality_gate`` with the ``quality_gate_details`` recorded with
-it, e.g. eval scores), ``tenants``, ``api_keys``, ``grants``,
+router, SPEC §8; ``rpm``/``tpm``/``max_concurrency`` shared by all tenants, SPEC §15), ``owners``
+(limits over all adapters of one owner, SPEC §15), ``versions`` (``quality_gate`` with the
+``quality_gate_details`` recorded with it, e.g. eval scores), ``tenants``, ``api_keys``, ``grants``,
 ``audit_events`` and the single-row ``registry_state`` (``revision``, bumped by every change).
 
 Version numbers and pointers (``active_version``, ``canary_version``, ``rollback_to``) are stored
@@ -77,6 +78,10 @@ class AdapterRow(Base):
     canary_version: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     canary_weight: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     hot: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
+    # limits shared by every tenant of the adapter (SPEC §15); null = unlimited
+    rpm: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    max_concurrency: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     # null = the base model's approvals_required applies (SPEC §14)
     approvals_required: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
@@ -132,6 +137,19 @@ class VersionRow(Base):
             sqlite_where=sa.text("status = 'canary'"),
         ),
     )
+
+
+class OwnerRow(Base):
+    """Limits over every adapter of one owner (SPEC §15; ``adapters.owner`` names it, no FK: an
+    owner exists as soon as an adapter names it, a row only once limits are set)."""
+
+    __tablename__ = "owners"
+
+    name: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    rpm: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    max_concurrency: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class TenantRow(Base):

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kit.db import make_engine, make_session_factory
 from kit.errors import LoraplaneError
-from registry.api import routes_adapters, routes_ops, routes_tenants, routes_upload
+from registry.api import routes_adapters, routes_ops, routes_owners, routes_tenants, routes_upload
 from registry.api.deps import AdminState, require_admin
 from registry.api.schemas import ErrorOut
 from registry.feed import ChangeFeed, make_feed
@@ -171,7 +171,7 @@ def create_admin_app(
         return {"status": "ok"}
 
     auth = [Depends(require_admin)]
-    for module in (routes_adapters, routes_upload, routes_tenants, routes_ops):
+    for module in (routes_adapters, routes_upload, routes_tenants, routes_owners, routes_ops):
         app.include_router(module.router, prefix=PREFIX, dependencies=auth)
     from registry.console import install_console  # here: the console builds on registry.api.deps
 

@@ -82,10 +82,14 @@ def create_adapter(request: Request, body: AdapterCreate) -> AdapterOut:
 
 @router.patch("/adapters/{adapter_id}", response_model=AdapterOut, tags=["adapters"])
 def update_adapter(request: Request, adapter_id: str, body: AdapterPatch) -> AdapterOut:
-    """Change any of ``description``, ``owner`` (null clears them) and ``hot`` (a marked-hot
-    adapter's active version is kept prewarmed by the router). Fields left out stay as they are;
-    a real change writes one ``adapter.updated`` audit event and bumps the registry revision."""
+    """Change any of ``description``, ``owner`` (null clears them), ``hot`` (a marked-hot
+    adapter's active version is kept prewarmed by the router) and ``limits`` (``rpm``, ``tpm``,
+    ``max_concurrency`` shared by every tenant; merged key by key, null clears all three). Fields
+    left out stay as they are; a real change writes one ``adapter.updated`` audit event and bumps
+    the registry revision."""
     changes: dict[str, Any] = {f: getattr(body, f) for f in body.model_fields_set}
+    if body.limits is not None:
+        changes["limits"] = {k: getattr(body.limits, k) for k in body.limits.model_fields_set}
     if "hot" in changes and changes["hot"] is None:
         raise InvalidRequest("hot cannot be null", details={"field": "hot"})
     rec = write(

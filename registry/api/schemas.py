@@ -56,6 +56,11 @@ class AdapterPatch(_In):
     hot: StrictBool | None = Field(
         default=None, description="Marked hot: the router keeps the active version prewarmed."
     )
+    limits: LimitsIn | None = Field(
+        default=None,
+        description="Limits shared by every tenant of the adapter, merged key by key (null clears all "
+        "three); checked by the gateway with the tenant, grant and owner limits in one admission.",
+    )
 
 
 class PromoteBody(_In):
@@ -87,10 +92,19 @@ class QualityGateBody(_In):
     )
 
 
+LIMIT_MAX = 2**31 - 1  # the INTEGER column
+
+
 class LimitsIn(_In):
-    rpm: StrictInt | None = Field(default=None, ge=0)
-    tpm: StrictInt | None = Field(default=None, ge=0)
-    max_concurrency: StrictInt | None = Field(default=None, ge=0)
+    """Any of these; null = unlimited."""
+
+    rpm: StrictInt | None = Field(default=None, ge=0, le=LIMIT_MAX, description="Requests per minute.")
+    tpm: StrictInt | None = Field(
+        default=None, ge=0, le=LIMIT_MAX, description="Tokens (prompt + completion) per minute."
+    )
+    max_concurrency: StrictInt | None = Field(
+        default=None, ge=0, le=LIMIT_MAX, description="Requests in flight at once."
+    )
 
 
 class TenantCreate(_In):
@@ -157,6 +171,12 @@ class VersionOut(_Out):
     created_at: datetime
 
 
+class LimitsOut(_Out):
+    rpm: int | None
+    tpm: int | None
+    max_concurrency: int | None
+
+
 class AdapterOut(_Out):
     id: str
     base_model: str
@@ -167,17 +187,12 @@ class AdapterOut(_Out):
     canary_version: str | None
     canary_weight: int | None
     hot: bool
+    limits: LimitsOut = Field(description="Shared by every tenant of the adapter (null = unlimited).")
     created_at: datetime
 
 
 class AdapterDetailOut(AdapterOut):
     versions: list[VersionOut]
-
-
-class LimitsOut(_Out):
-    rpm: int | None
-    tpm: int | None
-    max_concurrency: int | None
 
 
 class GrantOut(_Out):
@@ -200,6 +215,13 @@ class IssuedKeyOut(_Out):
     key: str
     prefix: str
     created_at: datetime
+
+
+class OwnerOut(_Out):
+    owner: str
+    limits: LimitsOut = Field(description="Shared by all the owner's adapters and all tenants.")
+    adapters: list[str] = Field(description="Ids of the adapters whose `owner` is this owner.")
+    updated_at: datetime | None = Field(description="When the limits were last set; null if never.")
 
 
 class TenantOut(_Out):

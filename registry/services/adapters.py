@@ -1,4 +1,4 @@
-"""Adapters: create, update (owner, description, hot), describe (with versions), list with
+"""Adapters: create, update (owner, description, hot, limits), describe (with versions), list with
 filters; version listing and lookup."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from registry.repositories import adapters as repo
 from registry.repositories import base_models as base_repo
 from registry.repositories.pagination import Page, clamp_limit, decode_cursor, page_of
 from registry.services.audit import record_change
+from registry.services.limits import LIMIT_KEYS, check_limits
 from registry.services.records import AdapterRecord, VersionRecord
 
 ADAPTER_STATUSES = ("active", "disabled")
@@ -110,13 +111,17 @@ def update_adapter(
     session: Session, adapter_id: str, changes: dict[str, Any], *, actor: str
 ) -> AdapterRecord:
     """``changes`` holds only the fields the caller sent (any of ``description``, ``owner``,
-    ``hot``). The adapter row is locked first; fields whose value really changes are written, with
-    one ``adapter.updated`` event (``details``: those fields, new values) and a revision bump. A
-    call that changes nothing writes nothing."""
+    ``hot``, ``limits``). The adapter row is locked first; fields whose value really changes are
+    written, with one ``adapter.updated`` event (``details``: those fields, new values; for
+    ``limits`` all three after the change) and a revision bump. A call that changes nothing
+    writes nothing. ``limits`` is merged key by key (``{"rpm": 100}`` leaves ``tpm`` as it is);
+    ``limits: null`` clears all three."""
+    changes = dict(changes)
+    limits = _limits_change(changes.pop("limits")) if "limits" in changes else None
     for name, value in changes.items():
         if name not in UPDATABLE:
             raise InvalidRequest(
-                f"unknown field {name!r} (known: description, owner, hot)", details={"field": name}
+                f"unknown field {name!r} (known: description, owner, hot, limits)", details={"field": name}
             )
         _check_field(name, value)
     row = adapter_row(session, adapter_id, for_update=True)
@@ -125,6 +130,10 @@ def update_adapter(
         if name in changes and getattr(row, name) != changes[name]:
             setattr(row, name, changes[name])
             applied[name] = changes[name]
+    if limits is not None and any(getattr(row, k) != v for k, v in limits.items()):
+        for k, v in limits.items():
+            setattr(row, k, v)
+        applied["limits"] = {k: getattr(row, k) for k in LIMIT_KEYS}
     if applied:
         repo.flush(session)
         record_change(
@@ -136,6 +145,12 @@ def update_adapter(
             details=applied,
         )
     return AdapterRecord.of(row)
+
+
+def _limits_change(value: Any) -> dict[str, int | None]:
+    if value is None:
+        return dict.fromkeys(LIMIT_KEYS)
+    return check_limits(value)
 
 
 def describe_adapter(session: Session, adapter_id: str) -> AdapterRecord:

@@ -90,6 +90,16 @@ class VersionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitsRecord:
+    rpm: int | None
+    tpm: int | None
+    max_concurrency: int | None
+
+
+NO_LIMITS = LimitsRecord(rpm=None, tpm=None, max_concurrency=None)
+
+
+@dataclass(frozen=True, slots=True)
 class AdapterRecord:
     id: str
     base_model: str
@@ -102,6 +112,7 @@ class AdapterRecord:
     hot: bool
     created_at: datetime
     versions: list[VersionRecord] | None = None  # only in describe
+    limits: LimitsRecord = NO_LIMITS  # shared by every tenant (SPEC §15)
 
     @classmethod
     def of(cls, row: AdapterRow, versions: list[VersionRow] | None = None) -> AdapterRecord:
@@ -117,14 +128,16 @@ class AdapterRecord:
             hot=bool(row.hot),
             created_at=row.created_at,
             versions=[VersionRecord.of(v) for v in versions] if versions is not None else None,
+            limits=LimitsRecord(rpm=row.rpm, tpm=row.tpm, max_concurrency=row.max_concurrency),
         )
 
 
 @dataclass(frozen=True, slots=True)
-class LimitsRecord:
-    rpm: int | None
-    tpm: int | None
-    max_concurrency: int | None
+class OwnerRecord:
+    owner: str
+    limits: LimitsRecord
+    adapters: list[str]  # ids of the adapters that name this owner
+    updated_at: datetime | None  # when its limits were last set (None: never)
 
 
 @dataclass(frozen=True, slots=True)

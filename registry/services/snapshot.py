@@ -4,13 +4,14 @@
 queries (no N+1): revision, base models, adapters, versions, tenants, grants, live keys.
 
 ``apply_changes(session, base, subjects, revision)`` reads only the rows of the changed
-subjects (``adapter:<id>`` → the adapter and its versions; ``tenant:<id>`` → the tenant, its
-grants and live keys; ``base_model:<name>``) and returns a new snapshot at ``revision`` that
-shares every other record with ``base`` (records are frozen, so sharing is safe). It returns
-``None`` when it cannot apply them — a ``*`` or a subject kind the snapshot does not know, or a
-database behind ``revision`` — and the caller reloads the whole snapshot instead. Each subject
-is re-read whole, so applying the same subject twice, or a newer state than ``revision``, is
-harmless: the next change of that subject reads it again.
+subjects (``adapter:<id>`` → the adapter and its versions; ``owner:<name>`` → every owner's
+limits; ``tenant:<id>`` → the tenant, its grants and live keys; ``base_model:<name>``) and
+returns a new snapshot at ``revision`` that shares every other record with ``base`` (records
+are frozen, so sharing is safe). It returns ``None`` when it cannot apply them — a ``*`` or a
+subject kind the snapshot does not know, or a database behind ``revision`` — and the caller
+reloads the whole snapshot instead. Each subject is re-read whole, so applying the same subject
+twice, or a newer state than ``revision``, is harmless: the next change of that subject reads
+it again.
 
 On PostgreSQL the transaction is ``REPEATABLE READ`` when these functions open it, so every
 query sees the same committed state; on SQLite every transaction is ``BEGIN IMMEDIATE``.
@@ -24,9 +25,10 @@ from typing import TypeVar
 from sqlalchemy.orm import Session
 
 from kit.ids import version_name
-from registry.models import AdapterRow, ApiKeyRow, BaseModelRow, GrantRow, TenantRow, VersionRow
+from registry.models import AdapterRow, ApiKeyRow, BaseModelRow, GrantRow, OwnerRow, TenantRow, VersionRow
 from registry.repositories import adapters as adapter_repo
 from registry.repositories import base_models as base_repo
+from registry.repositories import owners as owner_repo
 from registry.repositories import routing as routing_repo
 from registry.repositories import state as state_repo
 from registry.repositories import tenants as tenant_repo
@@ -42,7 +44,7 @@ from registry.snapshot import (
     VersionInfo,
 )
 
-ADAPTER, TENANT, BASE_MODEL = "adapter", "tenant", "base_model"
+ADAPTER, TENANT, BASE_MODEL, OWNER = "adapter", "tenant", "base_model", "owner"
 T = TypeVar("T")
 
 
@@ -89,9 +91,15 @@ def _adapters(rows: Iterable[AdapterRow], version_rows: Iterable[VersionRow]) ->
             canary_weight=a.canary_weight if a.canary_version is not None else None,
             versions=versions.get(a.id, {}),
             hot=bool(a.hot),
+            owner=a.owner,
+            limits=Limits(rpm=a.rpm, tpm=a.tpm, max_concurrency=a.max_concurrency),
         )
         for a in adapter_rows
     }
+
+
+def _owners(rows: Iterable[OwnerRow]) -> dict[str, Limits]:
+    return {o.name: Limits(rpm=o.rpm, tpm=o.tpm, max_concurrency=o.max_concurrency) for o in rows}
 
 
 def _tenants(rows: Iterable[TenantRow], grant_rows: Iterable[GrantRow]) -> dict[str, TenantInfo]:
@@ -131,12 +139,13 @@ def load_snapshot(session: Session) -> RoutingSnapshot:
         adapters=adapters,
         tenants=tenants,
         keys_by_prefix={p: tuple(ks) for p, ks in by_prefix.items()},
+        owners=_owners(owner_repo.all_rows(session)),
     )
 
 
 def split_subjects(subjects: Iterable[str]) -> dict[str, list[str]] | None:
     """``{"adapter": [ids…], "tenant": […], "base_model": […]}``, or None if any needs a full load."""
-    out: dict[str, list[str]] = {ADAPTER: [], TENANT: [], BASE_MODEL: []}
+    out: dict[str, list[str]] = {ADAPTER: [], TENANT: [], BASE_MODEL: [], OWNER: []}
     for s in subjects:
         kind, sep, ident = s.partition(":")
         if not sep or kind not in out or not ident:
@@ -173,12 +182,16 @@ def apply_changes(
         fresh_tenants = _tenants(routing_repo.tenants(session, ids), routing_repo.grants(session, ids))
         tenants = _replace(tenants, ids, fresh_tenants)
         keys_by_prefix = _replace_keys(keys_by_prefix, set(ids), routing_repo.live_keys(session, ids))
+    # owners: few rows, all re-read on any owner change (an owner name may hold spaces, which
+    # the notice's subject list cannot carry whole)
+    owners = _owners(owner_repo.all_rows(session)) if parts[OWNER] else base.owners
     return RoutingSnapshot(
         revision=revision,
         base_models=base_models,
         adapters=adapters,
         tenants=tenants,
         keys_by_prefix=keys_by_prefix,
+        owners=owners,
     )
 
 

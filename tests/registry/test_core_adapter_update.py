@@ -25,7 +25,7 @@ A = f"{V1}/adapters/support"
 
 RECORD_FIELDS = {
     "id", "base_model", "owner", "description", "status", "active_version", "canary_version",
-    "canary_weight", "hot", "created_at",
+    "canary_weight", "hot", "limits", "created_at",
 }  # fmt: skip
 
 
@@ -170,7 +170,7 @@ def test_openapi_describes_patch(client: TestClient) -> None:
     op = doc["paths"]["/admin/v1/adapters/{adapter_id}"]["patch"]
     ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     schema = doc["components"]["schemas"][ref.rsplit("/", 1)[-1]]
-    assert set(schema["properties"]) == {"description", "owner", "hot"}
+    assert set(schema["properties"]) == {"description", "owner", "hot", "limits"}
     assert schema.get("additionalProperties") is False
     assert "200" in op["responses"] and "422" in op["responses"] and "404" in op["responses"]
     out = op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
