@@ -303,8 +303,6 @@ class GatewayApp:
             raise
         finally:
             timer.cancel()
-        if res.version is not None:
-            gw.cold.seen(res.version)
         if result.cold_load and res.version is not None:
             gw.metrics.cold_wait.labels(res.version.adapter_id, res.version.version).observe(result.queue_s)
         return result
@@ -469,30 +467,39 @@ class GatewayApp:
         await send_bytes(send, 200, orjson.dumps(list_models(snap, tenant)), [(b"x-request-id", rid)])
 
     async def readyz(self, send: Send, headers: dict[bytes, bytes]) -> None:
+        """SPEC §17: not ready only when this gateway cannot serve at all — no routing table
+        yet, draining, or the rate-limit store down in ``closed`` mode. With no healthy
+        replica it stays ready (requests get the designed 503 ``no_capacity``), so a load
+        balancer does not drop every gateway at once."""
         gw = self.gw
         table = gw.table.status()
-        router_ready = gw.router_ready()
         limiter_ok = await gw.limiter.healthy()
         gw.limiter_failed(not limiter_ok)
         mode = gw.settings.ratelimit_on_error
-        ready = table["loaded"] and router_ready and (limiter_ok or mode == "open")
+        healthy = gw.healthy_replicas()
+        ready = table["loaded"] and not gw.draining and (limiter_ok or mode == "open")
         reasons = []
         if not table["loaded"]:
             reasons.append("routing table not loaded")
-        if table["stale"]:
-            reasons.append("registry unreachable: serving a stale routing snapshot")
-        if not router_ready:
-            reasons.append("no healthy replica")
+        if gw.draining:
+            reasons.append("draining: shutting down")
         if not limiter_ok:
             reasons.append(
                 f"rate-limit store unreachable: ratelimit_on_error={mode} "
                 + ("(admitting without limits)" if mode == "open" else "(refusing requests)")
             )
+        warnings = []
+        if table["stale"]:
+            warnings.append("registry unreachable: serving a stale routing snapshot")
+        if healthy == 0:
+            warnings.append("no healthy replica: requests get 503 no_capacity")
         body: dict[str, Any] = {
             "ready": bool(ready),
             "reasons": reasons,
+            "warnings": warnings,
+            "draining": gw.draining,
             "routing_table": table,
-            "replicas_healthy": gw.healthy_replicas(),
+            "replicas_healthy": healthy,
             "ratelimit": {"backend": gw.limiter.name, "healthy": limiter_ok, "on_error": mode},
         }
         await send_bytes(

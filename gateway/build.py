@@ -17,6 +17,7 @@ from gateway.settings import GatewaySettings
 from gateway.table import ChangeApplier, Feed, RoutingTable
 from kit.db import make_session_factory, session_scope
 from registry.snapshot import RoutingSnapshot
+from router.contract import RouterAPI
 
 
 def snapshot_loader(engine: Engine) -> Callable[[], RoutingSnapshot]:
@@ -64,7 +65,7 @@ def make_limiter(settings: GatewaySettings, redis: Any | None = None) -> Limiter
 def build_gateway(
     settings: GatewaySettings,
     *,
-    router: Any,
+    router: RouterAPI,
     engine: Engine | None = None,
     loader: Callable[[], RoutingSnapshot] | None = None,
     feed: Feed | None = None,

@@ -45,9 +45,11 @@ async def run_serve(role: Role) -> None:
     feed = make_feed(reg_settings, engine)
     servers: list[QuietServer] = []
     router: Any = None
+    audit: Any = None
     redis = make_redis(reg_settings.redis_url) if reg_settings.redis_url else None
     store: Any = None
     if role in (Role.gateway, Role.all):
+        from registry.audit_sink import BufferedAuditSink
         from registry.services.audit import DbAuditSink
         from registry.storage.base import make_store
         from router import Router, RouterSettings
@@ -60,7 +62,12 @@ async def run_serve(role: Role) -> None:
                 "loraplane serve never starts simulated replicas"
             )
         store = make_store(reg_settings)
-        router = Router(rsettings, store=store, audit=DbAuditSink(make_session_factory(engine)), redis=redis)
+        router = Router(
+            rsettings,
+            store=store,
+            audit=BufferedAuditSink(DbAuditSink(make_session_factory(engine))),
+            redis=redis,
+        )
         gateway = build_gateway(gsettings, router=router, engine=engine, feed=feed)
         servers.append(
             make_server(
@@ -91,6 +98,8 @@ async def run_serve(role: Role) -> None:
     try:
         await serve_all(servers)
     finally:
+        if audit is not None:
+            await audit.close()
         if redis is not None:
             await redis.aclose()
         engine.dispose()

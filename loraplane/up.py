@@ -213,6 +213,7 @@ async def run_up(
     from kit.db import make_engine, make_session_factory, session_scope
     from registry import migrate
     from registry.api import create_admin_app
+    from registry.audit_sink import BufferedAuditSink
     from registry.demo import demo_base_model
     from registry.feed import make_feed
     from registry.services.audit import DbAuditSink
@@ -262,7 +263,7 @@ async def run_up(
         gsettings = GatewaySettings(**common, redis_url=None, gateway_host=host, gateway_port=port)
         store = make_store(reg_settings)
         feed = make_feed(reg_settings, engine, kind="inprocess")
-        router = Router(rsettings, store=store, audit=DbAuditSink(factory))
+        router = Router(rsettings, store=store, audit=BufferedAuditSink(DbAuditSink(factory)))
         gateway = build_gateway(gsettings, router=router, engine=engine, feed=feed)
         admin_app = create_admin_app(
             reg_settings, engine=engine, store=store, feed=feed, replica_directory=router.directory

@@ -26,10 +26,11 @@ iterator early (client disconnect) cancels the upstream request.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
-from registry.snapshot import VersionInfo
+from registry.replicas import ReplicaDirectory
+from registry.snapshot import RoutingSnapshot, VersionInfo
 
 
 @dataclass(slots=True)
@@ -63,7 +64,6 @@ class ForwardResult:
     body: bytes | None = None  # non-streaming answer (already rewritten)
     stream: AsyncIterator[bytes] | None = None  # SSE bytes (already rewritten), for stream=True
     usage: Usage | None = None  # filled when known (non-stream: at once; stream: at its end)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class RouterError(Exception):
@@ -105,3 +105,30 @@ class UpstreamError(RouterError):
 
     status = 502
     code = "upstream_error"
+
+
+class RouterAPI(Protocol):
+    """What the gateway uses of the router (``router.Router`` implements it; mypy checks it)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def forward(self, req: ForwardRequest) -> ForwardResult: ...
+
+    def update_snapshot(self, snapshot: RoutingSnapshot) -> None:
+        """A new registry snapshot (every revision)."""
+        ...
+
+    def healthy_count(self, base_model: str | None = None) -> int:
+        """Replicas in rotation (of ``base_model``, or of every pool)."""
+        ...
+
+    def is_resident(self, lora_name: str) -> bool:
+        """Whether a healthy replica holds ``lora_name`` (a request for it needs no load)."""
+        ...
+
+    @property
+    def directory(self) -> ReplicaDirectory:
+        """Replica records and prewarm for the admin API in the same process."""
+        ...

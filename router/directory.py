@@ -11,18 +11,30 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from kit.errors import NotFound, Unavailable
+from router.contract import RouterError
 
-if TYPE_CHECKING:
-    from router.core import Router
+log = logging.getLogger("loraplane.router.directory")
 
 STALE_AFTER_S = 300.0
+
+
+class ReplicaSource(Protocol):
+    """What a directory needs of the router in its process."""
+
+    def replica_records(self) -> list[dict[str, Any]]: ...
+
+    async def request_prewarm(self, adapter_id: str, version: str, replicas: int) -> dict[str, Any]: ...
 
 
 def replicas_key(prefix: str) -> str:
@@ -62,19 +74,51 @@ async def pop_prewarm_requests(redis: aioredis.Redis, prefix: str, limit: int = 
 
 
 class LocalReplicaDirectory:
-    def __init__(self, router: Router) -> None:
-        self._router = router
+    def __init__(self, source: ReplicaSource) -> None:
+        self._source = source
 
     async def list_replicas(self) -> list[dict[str, Any]]:
-        return self._router.replica_records()
+        return self._source.replica_records()
 
     async def request_prewarm(self, adapter_id: str, version: str, replicas: int) -> dict[str, Any]:
-        from router.contract import RouterError
-
         try:
-            return await self._router.request_prewarm(adapter_id, version, replicas)
+            return await self._source.request_prewarm(adapter_id, version, replicas)
         except RouterError as exc:
             raise NotFound(exc.message, code="version_not_found") from exc
+
+
+class DirectoryPublisher:
+    """A gateway's side of ``RedisReplicaDirectory``: publishes its replica records every
+    ``interval_s`` and serves the prewarm requests queued by the admin API."""
+
+    def __init__(
+        self, source: ReplicaSource, redis: aioredis.Redis, prefix: str, *, interval_s: float, ttl_s: float
+    ) -> None:
+        self._source = source
+        self._redis = redis
+        self._prefix = prefix
+        self._interval = interval_s
+        self._ttl = ttl_s
+
+    async def publish_loop(self) -> None:
+        while True:
+            try:
+                await publish_records(self._redis, self._prefix, self._source.replica_records(), self._ttl)
+            except RedisError as exc:
+                log.warning("cannot publish replica state: %s", exc, extra={"error": str(exc)})
+            await asyncio.sleep(self._interval)
+
+    async def prewarm_loop(self) -> None:
+        while True:
+            try:
+                for item in await pop_prewarm_requests(self._redis, self._prefix):
+                    with contextlib.suppress(RouterError, KeyError, TypeError, ValueError):
+                        await self._source.request_prewarm(
+                            str(item["adapter_id"]), str(item["version"]), int(item["replicas"])
+                        )
+            except RedisError as exc:
+                log.warning("cannot read prewarm requests: %s", exc, extra={"error": str(exc)})
+            await asyncio.sleep(0.25)
 
 
 class RedisReplicaDirectory:
@@ -83,8 +127,6 @@ class RedisReplicaDirectory:
         self._prefix = prefix
 
     async def list_replicas(self) -> list[dict[str, Any]]:
-        from redis.exceptions import RedisError
-
         try:
             raw = await self._redis.hgetall(replicas_key(self._prefix))
         except RedisError as exc:
@@ -104,8 +146,6 @@ class RedisReplicaDirectory:
         return out
 
     async def request_prewarm(self, adapter_id: str, version: str, replicas: int) -> dict[str, Any]:
-        from redis.exceptions import RedisError
-
         item = orjson.dumps(
             {"adapter_id": adapter_id, "version": version, "replicas": replicas, "ts": time.time()}
         )

@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 
 from router.contract import ForwardResult, UpstreamError, UpstreamTimeout, Usage
+from router.drivers.base import Retryable
 
 log = logging.getLogger("loraplane.router.forward")
 
@@ -30,16 +31,6 @@ class WrongAdapter(UpstreamError):
     """The replica answered for another model than the one asked for (audit ``adapter.wrong_adapter``)."""
 
     code = "upstream_error"
-
-
-class Retryable(Exception):
-    """Failed before the first byte in a way another replica may not (connection refused, 5xx)."""
-
-    def __init__(self, message: str, *, replica_down: bool = False, adapter_missing: bool = False) -> None:
-        super().__init__(message)
-        self.message = message
-        self.replica_down = replica_down
-        self.adapter_missing = adapter_missing
 
 
 @dataclass(slots=True)
@@ -102,27 +93,6 @@ def parse_usage(payload: bytes) -> Usage | None:
 def error_event(message: str, code: str = "upstream_error") -> bytes:
     err = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
     return b"data: " + orjson.dumps(err) + b"\n\n" + DONE + b"\n\n"
-
-
-async def open_upstream(
-    session: aiohttp.ClientSession,
-    url: str,
-    data: bytes,
-    headers: dict[str, str],
-    timeout: aiohttp.ClientTimeout,
-) -> aiohttp.ClientResponse:
-    """POST and return the response (headers read); translate connection errors."""
-    try:
-        return await session.post(url, data=data, headers=headers, timeout=timeout)
-    except aiohttp.ClientConnectorError as exc:
-        raise Retryable(f"cannot connect to replica: {exc}", replica_down=True) from exc
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-        # Often a pooled keep-alive connection the replica had closed: retry, but keep it in rotation.
-        raise Retryable(f"replica closed the connection: {exc}") from exc
-    except aiohttp.ClientError as exc:
-        raise Retryable(f"replica request failed: {exc}") from exc
-    except TimeoutError as exc:
-        raise UpstreamTimeout("replica did not answer in time") from exc
 
 
 class StreamRelay:

@@ -1,17 +1,19 @@
-"""Loader: singleflight verified loads, unloads, their audit events and metrics.
+"""Loader: singleflight verified loads and unloads, their audit events and metrics.
 
-At most one load of a version onto a replica is in flight at a time:
-- in one process: one asyncio task per (replica, lora_name); every request for it awaits that
+At most one load of a version onto a replica is in flight cluster-wide (SPEC §8, §17):
+- in one process, one asyncio task per (replica, lora_name); every request for it awaits that
   task (bounded by ``load_timeout_s`` and ``max_cold_waiters_per_adapter``);
-- across gateway processes (when Redis is given): the task first takes a lease
-  ``SET <prefix>router:lease:<replica>:<lora_name> <token> NX PX <load_lease_ms>``, renewed
-  while the load runs; a process that does not get the lease polls the shared residency
-  record ``<prefix>router:res:<replica>`` (hash lora_name → state) until the holder finishes,
-  then uses its result; if the holder vanished (lease expired, no record) it takes over.
+- across processes, the task first ``claim``s the slot in the cluster state
+  (``router.cluster``): ``reserved`` → this process loads (after unloading the victims the claim
+  marked for it, so the replica never holds more than ``max_adapters``); ``present`` → another
+  process has it or is loading it: wait for its record to turn ``resident`` (or ``failed``, or
+  for that process to die, then claim again); ``full`` → no idle adapter to make room with.
 
 A load = stage (sha256-verified, see ``router.staging``) → engine load (``EngineDriver.load``)
 → recorded as resident, one ``adapter.loaded`` or ``adapter.load_failed`` audit event
 (``adapter.hash_mismatch`` instead when verification fails: nothing reaches the engine).
+An unload first takes the adapter out of use cluster-wide (``begin_unload``: refused while any
+process has a request in flight for it there), then asks the engine.
 """
 
 from __future__ import annotations
@@ -20,34 +22,22 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
-
-import orjson
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from registry.audit_sink import AuditSink
 from registry.snapshot import VersionInfo
+from router.cluster import ClusterState
 from router.contract import NoCapacity
 from router.metrics import RouterMetrics
 from router.settings import RouterSettings
 from router.staging import HashMismatch, Stager, StagingError
-from router.store import ReplicaState, ReplicaStore, Residency
+from router.store import ReplicaState, ReplicaStore, Residency, cancel_all
 
 log = logging.getLogger("loraplane.router.loader")
 
 ACTOR = "router"
-
-_RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 0
-"""
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
+POLL_S = 0.05  # how often a process waiting for another one's load looks at its record
 
 
 class LoadError(Exception):
@@ -68,39 +58,42 @@ class Loader:
         stagers: dict[str, Stager],
         audit: AuditSink,
         metrics: RouterMetrics,
+        cluster: ClusterState,
         *,
-        redis: aioredis.Redis | None,
-        prefix: str,
         clock: Callable[[], float],
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
         self._store = store
         self._stagers = stagers
         self._audit = audit
         self._metrics = metrics
-        self._redis = redis
-        self._prefix = prefix
+        self._cluster = cluster
         self._clock = clock
+        self._wall = wall
         self._flights: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._unloading: set[tuple[str, str]] = set()
         self._waiters: dict[str, int] = {}
         self._bg: set[asyncio.Task[Any]] = set()
-        self.counts: dict[str, int] = {}  # requests per lora_name since the reconciler last looked
 
-    # ------------------------------------------------------------------ keys
-
-    def res_key(self, url: str) -> str:
-        return f"{self._prefix}router:res:{url}"
-
-    def lease_key(self, url: str, lora_name: str) -> str:
-        return f"{self._prefix}router:lease:{url}:{lora_name}"
+    def busy(self, url: str, lora_name: str) -> bool:
+        """A load or an unload of ``lora_name`` on ``url`` runs in this process."""
+        key = (url, lora_name)
+        return key in self._flights or key in self._unloading
 
     def in_flight(self, url: str, lora_name: str) -> bool:
         return (url, lora_name) in self._flights
 
-    # ------------------------------------------------------------------ public
+    async def stop(self) -> None:
+        await cancel_all([*self._flights.values(), *self._bg])
 
-    async def ensure_loaded(self, rep: ReplicaState, version: VersionInfo) -> bool:
-        """Make ``version`` resident on ``rep``; True when the caller had to wait for a load."""
+    # ------------------------------------------------------------------ loads
+
+    async def ensure_loaded(
+        self, rep: ReplicaState, version: VersionInfo, candidates: Sequence[str] = ()
+    ) -> bool:
+        """Make ``version`` resident on ``rep``; True when the caller had to wait for a load.
+        ``candidates``: idle adapters of ``rep`` that may be evicted to make room, in order."""
         name = version.lora_name
         r = rep.residents.get(name)
         if r is not None and r.state == "resident":
@@ -113,7 +106,7 @@ class Loader:
         self._waiters[name] = waiting + 1
         t0 = self._clock()
         try:
-            task = self.start_load(rep, version)
+            task = self.start_load(rep, version, candidates)
             try:
                 await asyncio.wait_for(asyncio.shield(task), self._settings.load_timeout_s)
             except TimeoutError as exc:
@@ -133,7 +126,9 @@ class Loader:
             )
         return True
 
-    def start_load(self, rep: ReplicaState, version: VersionInfo) -> asyncio.Task[None]:
+    def start_load(
+        self, rep: ReplicaState, version: VersionInfo, candidates: Sequence[str] = ()
+    ) -> asyncio.Task[None]:
         """The in-flight load task of (rep, version), started if there is none."""
         key = (rep.url, version.lora_name)
         task = self._flights.get(key)
@@ -143,7 +138,7 @@ class Loader:
             if r is None or r.state == "failed":
                 self._record(rep, version, "staging")
             task = asyncio.create_task(
-                self._guarded(rep, version), name=f"load:{rep.url}:{version.lora_name}"
+                self._guarded(rep, version, tuple(candidates)), name=f"load:{rep.url}:{version.lora_name}"
             )
             self._flights[key] = task
 
@@ -156,119 +151,62 @@ class Loader:
             task.add_done_callback(_done)
         return task
 
-    async def stop(self) -> None:
-        from router.store import cancel_all
-
-        await cancel_all([*self._flights.values(), *self._bg])
-
-    def note_request(self, lora_name: str) -> None:
-        """Count a request for the measured per-adapter rate (hot adapters)."""
-        self.counts[lora_name] = self.counts.get(lora_name, 0) + 1
-
-    async def forget(self, url: str, lora_name: str) -> None:
-        await self._share(url, lora_name, None)
-
-    async def forget_missing(self, url: str, listed: set[str], asked_at: float) -> None:
-        """Drop shared records the replica did not list when asked at wall time ``asked_at``
-        (records written after that are newer than the answer and kept)."""
-        if self._redis is None:
-            return
+    async def _guarded(self, rep: ReplicaState, version: VersionInfo, candidates: tuple[str, ...]) -> None:
         try:
-            recs = await self._redis.hgetall(self.res_key(url))
-        except RedisError:
-            return
-        cutoff = asked_at - 0.5
-        for raw_name, raw in recs.items():
-            name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
-            if name in listed:
-                continue
-            try:
-                rec = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                rec = {}
-            if rec.get("state") in ("resident", "failed") and float(rec.get("ts", 0)) < cutoff:
-                with contextlib.suppress(RedisError):
-                    await self._redis.hdel(self.res_key(url), name)
-
-    # ------------------------------------------------------------------ singleflight across processes
-
-    async def _guarded(self, rep: ReplicaState, version: VersionInfo) -> None:
-        try:
-            await self._run(rep, version)
+            await self._run(rep, version, candidates)
         except BaseException as exc:
-            self._fail(rep, version.lora_name, getattr(exc, "failure", type(exc).__name__))
+            self._fail(
+                rep, version.lora_name, exc.failure if isinstance(exc, LoadError) else type(exc).__name__
+            )
             raise
 
-    async def _run(self, rep: ReplicaState, version: VersionInfo) -> None:
-        if self._redis is None:
-            await self._load(rep, version)
-            return
+    async def _run(self, rep: ReplicaState, version: VersionInfo, candidates: tuple[str, ...]) -> None:
+        """Claim the load cluster-wide (or wait for the process that has it), then load."""
         name = version.lora_name
-        lease = self.lease_key(rep.url, name)
-        token = uuid.uuid4().hex
-        started_wall = time.time()
+        since = self._wall()  # a failure recorded after this is the load we joined
         deadline = self._clock() + self._settings.load_timeout_s
         while True:
-            try:
-                got = await self._redis.set(lease, token, nx=True, px=self._settings.load_lease_ms)
-                raw = await self._redis.hget(self.res_key(rep.url), name)
-            except RedisError as exc:
-                raise LoadError(f"redis unavailable: {exc}", failure="other", retry_elsewhere=False) from exc
-            rec = orjson.loads(raw) if raw else None
-            if rec and rec.get("state") == "resident":
-                if got:
-                    await self._release(lease, token)
-                self._mark_resident(rep, version)
-                return
-            if got:
+            claim = await self._cluster.claim(rep.url, name, rep.pool.max_adapters, candidates, since)
+            if claim.outcome == "reserved":
                 break
-            if rec and rec.get("state") == "failed" and float(rec.get("ts", 0)) >= started_wall - 0.5:
+            rec = claim.record
+            if claim.outcome == "failed" and rec is not None:
                 raise LoadError(
-                    f"load failed in another gateway process: {rec.get('reason', '')}",
-                    failure=str(rec.get("failure") or "other"),
-                    retry_elsewhere=bool(rec.get("retry_elsewhere", True)),
+                    f"load failed in another gateway process: {rec.reason}",
+                    failure=rec.failure or "other",
+                    retry_elsewhere=rec.retry_elsewhere,
                 )
+            if claim.outcome == "full":
+                self._metrics.placement.labels(outcome="no_room").inc()
+                raise LoadError(
+                    f"no room on {rep.url}: every adapter there is in use",
+                    failure="no_room",
+                    retry_elsewhere=True,
+                )
+            if rec is not None and rec.state == "resident":
+                self._record(rep, version, "resident")
+                return
+            if rec is not None and rec.pid == self._cluster.pid and rec.state in ("staging", "loading"):
+                await self._cluster.drop(rep.url, name)  # left by an earlier attempt of ours: stale
+                continue
             if self._clock() > deadline:
                 raise LoadError(
                     "timed out waiting for another process's load", failure="timeout", retry_elsewhere=True
                 )
-            await asyncio.sleep(0.05)
-        renew = asyncio.create_task(self._renew(lease, token))
+            await asyncio.sleep(POLL_S)
         try:
-            await self._load(rep, version)
-        finally:
-            renew.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renew
-            await self._release(lease, token)
-
-    async def _renew(self, lease: str, token: str) -> None:
-        assert self._redis is not None
-        period = self._settings.load_lease_ms / 3000.0
-        while True:
-            await asyncio.sleep(period)
-            with contextlib.suppress(RedisError):
-                await self._redis.eval(_RENEW, 1, lease, token, str(self._settings.load_lease_ms))  # type: ignore[misc]
-
-    async def _release(self, lease: str, token: str) -> None:
-        if self._redis is not None:
-            with contextlib.suppress(RedisError):
-                await self._redis.eval(_RELEASE, 1, lease, token)  # type: ignore[misc]
-
-    async def _share(self, url: str, lora_name: str, state: str | None, **extra: Any) -> None:
-        """Publish (or clear) this replica's residency record for other gateway processes."""
-        if self._redis is None:
-            return
-        key = self.res_key(url)
-        try:
-            if state is None:
-                await self._redis.hdel(key, lora_name)
-            else:
-                payload = orjson.dumps({"state": state, "ts": time.time(), **extra})
-                await self._redis.hset(key, lora_name, payload)
-                await self._redis.expire(key, 3600)
-        except RedisError as exc:
-            log.warning("cannot share residency in redis", extra={"error": str(exc)})
+            for victim in claim.evict:
+                self._metrics.placement.labels(outcome="evict").inc()
+                if not await self._engine_unload(rep, victim, "evict"):
+                    raise LoadError(
+                        f"could not unload {victim} from {rep.url} to make room",
+                        failure="unload_failed",
+                        retry_elsewhere=True,
+                    )
+        except BaseException:
+            await self._cluster.drop(rep.url, name)
+            raise
+        await self._load(rep, version)
 
     # ------------------------------------------------------------------ the load itself
 
@@ -292,21 +230,16 @@ class Loader:
             r.size_bytes = version.total_bytes or r.size_bytes
         return r
 
-    def _mark_resident(self, rep: ReplicaState, version: VersionInfo) -> None:
-        self._record(rep, version, "resident")
-
     async def _load(self, rep: ReplicaState, version: VersionInfo) -> None:
         name = version.lora_name
         labels = {"replica": rep.url, "adapter": version.adapter_id, "version": version.version}
         t0 = self._clock()
         details: dict[str, Any] = {"version": version.version, "replica": rep.url, "lora_name": name}
         self._record(rep, version, "staging")
-        await self._share(rep.url, name, "staging")
         stager = self._stagers[rep.pool.name]
         try:
             path = await stager.stage(rep.url, rep.host, version)
         except HashMismatch as exc:
-            self._fail(rep, name, "hash_mismatch")
             self._metrics.loads.labels(**labels, result="hash_mismatch").inc()
             log.error("adapter hash mismatch", extra={**details, "file": exc.file})
             await self._audit_event(
@@ -314,15 +247,18 @@ class Loader:
                 version.adapter_id,
                 {**details, "file": exc.file, "expected": exc.expected, "actual": exc.actual},
             )
-            await self._share(
-                rep.url, name, "failed", reason=str(exc), failure="hash_mismatch", retry_elsewhere=False
+            await self._cluster.set_state(
+                rep.url, name, "failed", failure="hash_mismatch", retry_elsewhere=False, reason=str(exc)
             )
             raise LoadError(str(exc), failure="hash_mismatch", retry_elsewhere=False) from exc
         except StagingError as exc:
             await self._failed(rep, version, labels, details, t0, "staging_failed", str(exc), True)
             raise LoadError(str(exc), failure="staging_failed", retry_elsewhere=True) from exc
+        except BaseException:
+            await self._cluster.drop(rep.url, name)
+            raise
         self._record(rep, version, "loading")
-        await self._share(rep.url, name, "loading")
+        await self._cluster.set_state(rep.url, name, "loading")
         res = await rep.driver.load(rep.url, name, path, self._settings.load_timeout_s)
         if not (res.ok or res.failure == "conflict"):
             failure = res.failure or "other"
@@ -337,15 +273,14 @@ class Loader:
             )
         duration = self._clock() - t0
         self._record(rep, version, "resident")
-        await self._share(rep.url, name, "resident")
+        await self._cluster.set_state(rep.url, name, "resident")
         self._metrics.loads.labels(**labels, result="ok").inc()
         self._metrics.load_seconds.labels(adapter=version.adapter_id, version=version.version).observe(
             duration
         )
-        log.info("adapter loaded", extra={**details, "duration_ms": round(duration * 1000, 1)})
-        await self._audit_event(
-            "adapter.loaded", version.adapter_id, {**details, "duration_ms": round(duration * 1000, 1)}
-        )
+        ms = round(duration * 1000, 1)
+        log.info("adapter loaded", extra={**details, "duration_ms": ms})
+        await self._audit_event("adapter.loaded", version.adapter_id, {**details, "duration_ms": ms})
 
     def _fail(self, rep: ReplicaState, lora_name: str, reason: str) -> None:
         r = rep.residents.get(lora_name)
@@ -374,25 +309,39 @@ class Loader:
             version.adapter_id,
             {**details, "duration_ms": duration_ms, "reason": failure, "message": message[:500]},
         )
-        await self._share(
+        await self._cluster.set_state(
             rep.url,
             version.lora_name,
             "failed",
-            reason=message[:200],
             failure=failure,
             retry_elsewhere=retry_elsewhere,
+            reason=message[:200],
         )
 
     # ------------------------------------------------------------------ unload
 
     async def unload(self, rep: ReplicaState, lora_name: str, reason: str) -> bool:
-        """Unload ``lora_name`` from ``rep`` (404 = already gone, fine); clean its staged files."""
+        """Unload ``lora_name`` from ``rep`` unless a request of any gateway process uses it there
+        (or it is loading); 404 = already gone, fine. Cleans its staged files."""
         r = rep.residents.get(lora_name)
-        if r is not None and r.state in ("staging", "loading", "unloading"):
+        if r is not None and (r.state in ("staging", "loading", "unloading") or r.inflight > 0):
             return False
-        if r is not None:
-            r.state = "unloading"
-        res = await rep.driver.unload(rep.url, lora_name, self._settings.poll_timeout_s * 5)
+        if self.busy(rep.url, lora_name) or not await self._cluster.begin_unload(rep.url, lora_name):
+            return False
+        return await self._engine_unload(rep, lora_name, reason)
+
+    async def _engine_unload(self, rep: ReplicaState, lora_name: str, reason: str) -> bool:
+        """Ask the engine to unload (the cluster record is already ``unloading``)."""
+        key = (rep.url, lora_name)
+        self._unloading.add(key)
+        try:
+            r = rep.residents.get(lora_name)
+            if r is not None:
+                r.state = "unloading"
+            res = await rep.driver.unload(rep.url, lora_name, self._settings.poll_timeout_s * 5)
+            await self._cluster.end_unload(rep.url, lora_name, res.ok)
+        finally:
+            self._unloading.discard(key)
         if not res.ok:
             if r is not None and rep.residents.get(lora_name) is r:
                 r.state = "resident"
@@ -403,7 +352,6 @@ class Loader:
             return False
         if rep.residents.get(lora_name) is r:
             rep.residents.pop(lora_name, None)
-        await self._share(rep.url, lora_name, None)
         adapter_id = r.adapter_id if r else lora_name.split("@", 1)[0]
         version = r.version if r else ""
         if not res.already_gone:

@@ -1,26 +1,22 @@
 """Reconciler: keeps what replicas hold in line with the registry's routing snapshot.
 
-Runs on every ``update_snapshot`` (kicked) and every ``reconcile_interval_s``:
+Runs on every ``update_snapshot`` (kicked) and every ``reconcile_interval_s``. In every process:
+load records stuck in ``staging``/``loading`` with no load in flight here are dropped, and the
+hot set's copy targets are refreshed (placement reads them). Cluster-wide chores run in one
+process at a time (the ``reconciler`` lease of ``router.cluster``):
 - adapters that are disabled or gone, and versions that are disabled or gone, are unloaded
   at once (``reason`` ``disabled``);
 - versions that no longer serve by default (``retired``, ``ready``) are unloaded once idle —
-  no request in flight and none routed there for ``retired_idle_unload_s`` (pinned traffic
-  keeps them) (``reason`` ``retired``);
-- load records stuck in ``staging``/``loading`` with no load in flight are dropped;
-- hot adapters are kept on min(``hot_prewarm_replicas``, healthy replicas of their base model)
-  replicas (prewarmed through the normal placement + load path, so ``max_adapters`` holds and
-  nothing with requests in flight is evicted): the active version of every adapter *marked* hot
-  in the registry (``AdapterInfo.hot``, enabled adapters only), and, when ``hot_prewarm_rps`` > 0,
-  every version *measured* hot (request rate ≥ ``hot_prewarm_rps`` over ``rate_window_s``).
-  Unmarking (or cooling down) only stops the prewarm; nothing is unloaded for it. A replica
-  where the version's load failed is not retried until its failed record expires (30 s).
+  no request in flight in any process and none routed there for ``retired_idle_unload_s``
+  (pinned traffic keeps them) (``reason`` ``retired``);
+- a replica holding more than ``max_adapters`` (left from before, or loaded by hand) is brought
+  back to it, least recently used idle adapters first (``reason`` ``evict``);
+- hot adapters (``router.hotness``) are prewarmed up to their copy count, through placement
+  with ``strict_hot`` (a prewarm never evicts another hot copy) and the normal load path. A
+  replica where the version's load failed is not retried until its failed record expires.
 
-Protection of hot copies: ``hot_targets`` (lora_name → copies wanted, from the last pass) lets
-the router's eviction (``Router._make_room``) prefer another idle adapter to a copy whose
-eviction would drop a hot version below its count (``keeps_hot_copy``); when it must evict one
-anyway, the next pass prewarms it again (a prewarm never evicts another such copy).
-
-Nothing is unloaded before the first snapshot arrives.
+Unloads go through ``Loader.unload``, which is refused while any process has a request in
+flight for the adapter there. Nothing is unloaded before the first snapshot arrives.
 """
 
 from __future__ import annotations
@@ -29,30 +25,49 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from registry.snapshot import VersionInfo
+from registry.snapshot import RoutingSnapshot, VersionInfo
+from router.cluster import OCCUPYING, ClusterState
+from router.hotness import HotSet
 from router.loader import Loader
-from router.store import ReplicaStore
-
-if TYPE_CHECKING:
-    from router.core import Router
+from router.settings import RouterSettings
+from router.store import ReplicaState, ReplicaStore
 
 log = logging.getLogger("loraplane.router.reconciler")
 
 
+class PrewarmHost(Protocol):
+    """What the reconciler needs of the router: the snapshot, and prewarm."""
+
+    @property
+    def snapshot(self) -> RoutingSnapshot | None: ...
+
+    async def prewarm(
+        self, info: VersionInfo, replicas: int, *, exclude: set[str] | frozenset[str], strict_hot: bool
+    ) -> list[str]: ...
+
+
 class Reconciler:
     def __init__(
-        self, router: Router, store: ReplicaStore, loader: Loader, *, clock: Callable[[], float]
+        self,
+        settings: RouterSettings,
+        store: ReplicaStore,
+        loader: Loader,
+        cluster: ClusterState,
+        hot: HotSet,
+        host: PrewarmHost,
+        *,
+        clock: Callable[[], float],
     ) -> None:
-        self._router = router
+        self._settings = settings
         self._store = store
         self._loader = loader
+        self._cluster = cluster
+        self._hot = hot
+        self._host = host
         self._clock = clock
         self._kick = asyncio.Event()
-        self._window_start = clock()
-        self.rates: dict[str, float] = {}  # lora_name → requests/s over the last window
-        self.hot_targets: dict[str, int] = {}  # lora_name → copies kept warm (last pass)
         self._short: set[str] = set()  # hot versions below their count (logged once until met)
         self.stopped = False
 
@@ -60,10 +75,9 @@ class Reconciler:
         self._kick.set()
 
     async def run(self) -> None:
-        interval = self._router.settings.reconcile_interval_s
         while not self.stopped:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), interval)
+                await asyncio.wait_for(self._kick.wait(), self._settings.reconcile_interval_s)
             self._kick.clear()
             try:
                 await self.reconcile_once()
@@ -72,114 +86,79 @@ class Reconciler:
             except Exception:
                 log.exception("reconcile pass failed")
 
-    def _measure(self) -> None:
-        now = self._clock()
-        window = self._router.settings.rate_window_s
-        elapsed = now - self._window_start
-        if elapsed < window:
-            return
-        counts = self._loader.counts
-        self._loader.counts = {}
-        self.rates = {name: n / elapsed for name, n in counts.items()}
-        self._window_start = now
-
     async def reconcile_once(self) -> None:
-        settings = self._router.settings
-        snap = self._router.snapshot
-        now = self._clock()
-        self._measure()
-        if snap is None:
+        snap = self._host.snapshot
+        self._drop_stuck()
+        hot = self._hot.refresh(snap)
+        if snap is None or not await self._cluster.lead("reconciler"):
             return
         for rep in list(self._store.replicas.values()):
-            if not rep.healthy:
-                continue
+            if rep.healthy:
+                await self._unload_unserved(rep, snap)
+                await self._trim(rep)
+        await self._prewarm_hot(hot, snap)
+
+    def _drop_stuck(self) -> None:
+        now = self._clock()
+        for rep in list(self._store.replicas.values()):
             for name, r in list(rep.residents.items()):
-                if r.state in ("staging", "loading"):
-                    if (
-                        not self._loader.in_flight(rep.url, name)
-                        and now - r.since > settings.load_timeout_s + 5
-                    ):
-                        rep.residents.pop(name, None)
-                    continue
-                if r.state != "resident":
-                    continue
-                adapter = snap.adapters.get(r.adapter_id)
-                version = adapter.versions.get(r.version) if adapter else None
-                reason: str | None = None
                 if (
-                    adapter is None
-                    or adapter.status == "disabled"
-                    or version is None
-                    or version.status == "disabled"
-                    or version.lora_name != name
+                    r.state in ("staging", "loading")
+                    and not self._loader.in_flight(rep.url, name)
+                    and now - r.since > self._settings.load_timeout_s + 5
                 ):
-                    reason = "disabled"
-                elif (
-                    version.status not in ("active", "canary")
-                    and r.inflight == 0
-                    and now - r.last_used >= settings.retired_idle_unload_s
-                ):
-                    reason = "retired"
-                if reason is not None:
-                    await self._loader.unload(rep, name, reason)
-        await self._prewarm_hot()
+                    rep.residents.pop(name, None)
 
-    def hot_versions(self) -> dict[str, VersionInfo]:
-        """lora_name → version to keep warm now: the active version of each enabled adapter marked
-        hot, and (``hot_prewarm_rps`` > 0) each version of an enabled adapter measured hot."""
-        snap = self._router.snapshot
-        out: dict[str, VersionInfo] = {}
-        if snap is None:
-            return out
-        for adapter in snap.adapters.values():
-            if not adapter.hot or adapter.status != "active" or adapter.active_version is None:
+    async def _unload_unserved(self, rep: ReplicaState, snap: RoutingSnapshot) -> None:
+        now = self._clock()
+        for name, r in list(rep.residents.items()):
+            if r.state != "resident":
                 continue
-            active = adapter.versions.get(adapter.active_version)
-            if active is not None and active.status == "active":
-                out[active.lora_name] = active
-        threshold = self._router.settings.hot_prewarm_rps
-        if threshold <= 0:
-            return out
-        for name, rate in self.rates.items():
-            if rate < threshold or name in out:
-                continue
-            adapter_id, _, rest = name.partition("@")
-            measured = snap.adapters.get(adapter_id)
-            info = measured.versions.get(rest.split("-", 1)[0]) if measured is not None else None
-            if measured is None or measured.status == "disabled" or info is None:
-                continue
-            if info.status == "disabled" or info.lora_name != name:
-                continue
-            out[name] = info
-        return out
+            adapter = snap.adapters.get(r.adapter_id)
+            version = adapter.versions.get(r.version) if adapter else None
+            reason: str | None = None
+            if (
+                adapter is None
+                or adapter.status == "disabled"
+                or version is None
+                or version.status == "disabled"
+                or version.lora_name != name
+            ):
+                reason = "disabled"
+            elif (
+                version.status not in ("active", "canary")
+                and r.inflight + r.remote_inflight == 0
+                and now - r.last_used >= self._settings.retired_idle_unload_s
+            ):
+                reason = "retired"
+            if reason is not None:
+                await self._loader.unload(rep, name, reason)
 
-    def keeps_hot_copy(self, lora_name: str, base_model: str) -> bool:
-        """Whether evicting one copy of ``lora_name`` would drop it below its hot count."""
-        want = self.hot_targets.get(lora_name)
-        if not want:
-            return False
-        copies = 0
-        for rep in self._store.for_base(base_model):
-            r = rep.residents.get(lora_name)
-            if rep.healthy and r is not None and r.state != "failed":
-                copies += 1
-        return copies <= want
+    async def _trim(self, rep: ReplicaState) -> None:
+        present = [r for r in rep.residents.values() if r.state in OCCUPYING]
+        excess = len(present) - rep.pool.max_adapters
+        if excess <= 0:
+            return
+        targets = self._hot.targets
+        idle = sorted(
+            (r for r in present if r.state == "resident" and r.inflight + r.remote_inflight == 0),
+            key=lambda r: (r.lora_name in targets, r.last_used),
+        )
+        log.warning(
+            "replica holds more adapters than max_adapters; evicting the excess",
+            extra={"replica": rep.url, "held": len(present), "max_adapters": rep.pool.max_adapters},
+        )
+        for r in idle[:excess]:
+            await self._loader.unload(rep, r.lora_name, "evict")
 
-    async def _prewarm_hot(self) -> None:
-        settings = self._router.settings
-        wanted = self.hot_versions()
-        plan: list[tuple[VersionInfo, int, set[str]]] = []
-        targets: dict[str, int] = {}
-        for name, info in wanted.items():
-            healthy = [r for r in self._store.for_base(info.base_model) if r.healthy]
-            want = min(settings.hot_prewarm_replicas, len(healthy))
-            if want <= 0:
-                continue
-            targets[name] = want
+    async def _prewarm_hot(self, hot: dict[str, VersionInfo], snap: RoutingSnapshot) -> None:
+        short: list[tuple[VersionInfo, int, set[str]]] = []
+        for name, info in hot.items():
+            want = self._hot.targets[name]
             holders = 0
             failed: set[str] = set()
-            for r in healthy:
-                res = r.residents.get(name)
+            for r in self._store.for_base(info.base_model):
+                res = r.residents.get(name) if r.healthy else None
                 if res is None:
                     continue
                 if res.state == "failed":
@@ -187,10 +166,9 @@ class Reconciler:
                 else:
                     holders += 1
             if holders < want:
-                plan.append((info, want, failed))
-        self.hot_targets = targets
-        self._short &= {info.lora_name for info, _, _ in plan}
-        for info, want, failed in plan:
+                short.append((info, want, failed))
+        self._short &= {info.lora_name for info, _, _ in short}
+        for info, want, failed in short:
             level = logging.DEBUG if info.lora_name in self._short else logging.INFO
             self._short.add(info.lora_name)
             log.log(
@@ -198,14 +176,9 @@ class Reconciler:
                 "prewarming hot adapter",
                 extra={
                     "lora_name": info.lora_name,
-                    "marked": self._marked(info),
-                    "rate": round(self.rates.get(info.lora_name, 0.0), 2),
+                    "marked": self._hot.marked(snap, info),
+                    "rate": round(self._hot.rates.get(info.lora_name, 0.0), 2),
                     "replicas": want,
                 },
             )
-            await self._router.prewarm(info, want, exclude=failed, keep_hot_copies=True)
-
-    def _marked(self, info: VersionInfo) -> bool:
-        snap = self._router.snapshot
-        adapter = snap.adapters.get(info.adapter_id) if snap is not None else None
-        return adapter is not None and adapter.hot
+            await self._host.prewarm(info, want, exclude=failed, strict_hot=True)

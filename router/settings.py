@@ -83,7 +83,24 @@ class RouterSettings(LoraplaneSettings):
         default=None, description="Local staging directory (default: data_dir/staging)."
     )
     load_timeout_s: float = Field(default=30.0, description="Longest a request waits for an adapter load.")
-    load_lease_ms: int = Field(default=10_000, description="Redis load lease; renewed while a load runs.")
+    lease_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Liveness lease of a gateway process in the cluster state (renewed every third of it): "
+        "what a process that dies holds (in-flight marks, loads in progress) is released within this.",
+    )
+    mark_linger_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="How long an adapter stays marked in use on a replica after this process's last request "
+        "there ends (saves a Redis round trip per request for back-to-back traffic).",
+    )
+    cluster_sync_s: float = Field(
+        default=0.2,
+        gt=0,
+        description="Period of the read of the cluster's shared replica state "
+        "(the bounded staleness of placement's view).",
+    )
     poll_interval_s: float = Field(default=1.0, description="Seconds between polls of one replica.")
     poll_timeout_s: float = Field(default=2.0, description="Timeout of one poll (health, models, metrics).")
     unhealthy_after: int = Field(

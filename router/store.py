@@ -65,7 +65,8 @@ class Residency:
     state: ResidencyState
     since: float
     last_used: float
-    inflight: int = 0
+    inflight: int = 0  # this process's requests in flight (or waiting for the load) there
+    remote_inflight: int = 0  # other live gateway processes using it there (cluster marks)
     size_bytes: int = 0
     reason: str = ""
     # The replica whose ``residents`` holds this record (set on insertion): any change of a
@@ -90,7 +91,7 @@ class Residency:
                 adapter_id=self.adapter_id,
                 state=self.state,
                 last_used=self.last_used,
-                inflight=self.inflight,
+                inflight=self.inflight + self.remote_inflight,
                 size_bytes=self.size_bytes,
             )
             object.__setattr__(self, "_snap", snap)

@@ -4,22 +4,37 @@ from __future__ import annotations
 
 import aiohttp
 
-from router.drivers.base import EngineDriver, LoadResult, MetricsSample, ModelsInfo, UnloadResult
+from router.drivers.base import (
+    AnswerKind,
+    EngineDriver,
+    LoadResult,
+    MetricsSample,
+    ModelsInfo,
+    Retryable,
+    UnloadResult,
+)
 from router.drivers.vllm import DriverError, VllmDriver
 
 __all__ = [
+    "AnswerKind",
     "DriverError",
     "EngineDriver",
     "LoadResult",
     "MetricsSample",
     "ModelsInfo",
+    "Retryable",
     "UnloadResult",
     "VllmDriver",
     "make_driver",
 ]
 
 
-def make_driver(engine: str, session: aiohttp.ClientSession, api_key: str | None) -> EngineDriver:
+def make_driver(
+    engine: str,
+    session: aiohttp.ClientSession,
+    api_key: str | None,
+    timeout: aiohttp.ClientTimeout | None = None,
+) -> EngineDriver:
     if engine == "vllm":
-        return VllmDriver(session, api_key)
+        return VllmDriver(session, api_key, timeout=timeout)
     raise ValueError(f"unknown engine driver {engine!r}")

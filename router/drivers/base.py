@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+import aiohttp
+
 LoadFailure = Literal["not_found", "rejected", "timeout", "replica_down", "conflict", "other"]
 
 
@@ -53,6 +55,23 @@ class UnloadResult:
     message: str = ""
 
 
+# How a replica's answer to an inference request is handled: passed to the client as it is
+# (``ok``: 2xx, and 4xx about the request itself), retried once on another replica (``retry``:
+# 5xx, the replica is in trouble), or the adapter reloaded first (``adapter_missing``: the
+# replica no longer knows the adapter — it restarted).
+AnswerKind = Literal["ok", "retry", "adapter_missing"]
+
+
+class Retryable(Exception):
+    """Failed before the first byte in a way another replica may not (connection refused, 5xx)."""
+
+    def __init__(self, message: str, *, replica_down: bool = False, adapter_missing: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.replica_down = replica_down
+        self.adapter_missing = adapter_missing
+
+
 class EngineDriver(Protocol):
     """One engine's HTTP API. Implementations translate library errors into these results."""
 
@@ -69,6 +88,16 @@ class EngineDriver(Protocol):
     async def load(self, url: str, lora_name: str, lora_path: str, timeout: float) -> LoadResult: ...
 
     async def unload(self, url: str, lora_name: str, timeout: float) -> UnloadResult: ...
+
+    async def send(self, url: str, endpoint: str, body: bytes, request_id: str) -> aiohttp.ClientResponse:
+        """POST an inference request (``endpoint``: ``chat/completions`` | ``completions``) and
+        return the response with its headers read. Raises ``Retryable`` (no answer: refused,
+        reset) or ``router.contract.UpstreamTimeout``."""
+        ...
+
+    def classify_answer(self, status: int, *, adapter: bool) -> AnswerKind:
+        """What to do with an answer of ``status`` to a request (``adapter``: for an adapter)."""
+        ...
 
     def request_model(self, lora_name: str | None, served_model: str) -> str:
         """The ``model`` value of a request for ``lora_name`` (None → the base model)."""

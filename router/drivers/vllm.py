@@ -25,7 +25,8 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.drivers.base import LoadResult, MetricsSample, ModelsInfo, UnloadResult
+from router.contract import UpstreamTimeout
+from router.drivers.base import AnswerKind, LoadResult, MetricsSample, ModelsInfo, Retryable, UnloadResult
 
 
 class DriverError(Exception):
@@ -72,9 +73,43 @@ class VllmDriver:
 
     name = "vllm"
 
-    def __init__(self, session: aiohttp.ClientSession, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        api_key: str | None = None,
+        *,
+        timeout: aiohttp.ClientTimeout | None = None,
+    ) -> None:
         self._session = session
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = timeout or aiohttp.ClientTimeout(total=300.0, connect=2.0)
+        self._json = {"Content-Type": "application/json", **self._auth}
+
+    async def send(self, url: str, endpoint: str, body: bytes, request_id: str) -> aiohttp.ClientResponse:
+        headers = {**self._json, "X-Request-Id": request_id}
+        try:
+            return await self._session.post(
+                f"{url}/v1/{endpoint}", data=body, headers=headers, timeout=self._timeout
+            )
+        except aiohttp.ClientConnectorError as exc:
+            raise Retryable(f"cannot connect to replica: {exc}", replica_down=True) from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            # Often a pooled keep-alive connection the replica had closed: retry, keep it in rotation.
+            raise Retryable(f"replica closed the connection: {exc}") from exc
+        except aiohttp.ClientError as exc:
+            raise Retryable(f"replica request failed: {exc}") from exc
+        except TimeoutError as exc:
+            raise UpstreamTimeout("replica did not answer in time") from exc
+
+    def classify_answer(self, status: int, *, adapter: bool) -> AnswerKind:
+        """5xx: the replica is in trouble (retry elsewhere). 404 for an adapter request: vLLM's
+        "model does not exist" (it restarted and lost the adapter). Anything else is the
+        answer to this request (4xx errors about the request pass through to the client)."""
+        if status >= 500:
+            return "retry"
+        if status == 404 and adapter:
+            return "adapter_missing"
+        return "ok"
 
     def auth_headers(self) -> dict[str, str]:
         return self._auth

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from registry.keys import generate_key, hash_key, key_prefix
+from registry.replicas import ReplicaDirectory
 from registry.snapshot import (
     AdapterInfo,
     BaseModelInfo,
@@ -106,12 +107,32 @@ class FakeRouter:
         self.error_body: bytes | None = None
         self.updates: list[int] = []
         self.is_ready = True
+        self.resident: set[str] = set()
+        self.started = False
 
-    def ready(self) -> bool:
-        return self.is_ready
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
 
     def healthy_count(self, base_model: str | None = None) -> int:
         return 1 if self.is_ready else 0
+
+    def is_resident(self, lora_name: str) -> bool:
+        return lora_name in self.resident
+
+    @property
+    def directory(self) -> ReplicaDirectory:
+        from router.directory import LocalReplicaDirectory
+
+        return LocalReplicaDirectory(self)
+
+    def replica_records(self) -> list[dict[str, Any]]:
+        return []
+
+    async def request_prewarm(self, adapter_id: str, version: str, replicas: int) -> dict[str, Any]:
+        return {"adapter_id": adapter_id, "version": version, "replicas": []}
 
     def update_snapshot(self, snapshot: RoutingSnapshot) -> None:
         self.updates.append(snapshot.revision)

@@ -166,17 +166,18 @@ def test_cold_gate_counts_only_cold_versions() -> None:
     assert gate.waiting == {}
 
 
-def test_cold_gate_falls_back_when_the_residency_check_breaks() -> None:
-    def broken(name: str) -> bool:
-        raise RuntimeError("no router state")
-
-    gate = ColdLoadGate(1, broken)
+def test_cold_gate_follows_the_routers_residency_both_ways() -> None:
+    resident: set[str] = set()
+    gate = ColdLoadGate(1, resident.__contains__)
     v = _version("alpha")
     with gate.enter(v):
-        assert gate.waiting == {"alpha": 1}  # not seen yet: cold
-    gate.seen(v)
+        assert gate.waiting == {"alpha": 1}  # nowhere resident: cold
+    resident.add(v.lora_name)
     with gate.enter(v):
         assert gate.waiting == {}
+    resident.discard(v.lora_name)  # evicted everywhere: cold again (not warm forever)
+    with gate.enter(v):
+        assert gate.waiting == {"alpha": 1}
 
 
 def test_settle_heap_freezes_and_raises_the_young_threshold() -> None:

@@ -16,7 +16,7 @@ from router.cluster import ClusterState, MemoryCluster, RedisCluster
 
 URL = "http://10.0.0.1:8000"
 
-Factory = Callable[..., Awaitable[ClusterState]]
+Factory = Callable[..., Awaitable[RedisCluster]]
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ async def procs(redis_client: aioredis.Redis, redis_prefix: str) -> AsyncIterato
 
 
 @pytest.fixture(params=["memory", "redis"])
-async def one(request: pytest.FixtureRequest, procs: Factory) -> ClusterState:
+async def one(request: pytest.FixtureRequest, procs: Factory) -> MemoryCluster | RedisCluster:
     if request.param == "memory":
         return MemoryCluster("solo")
     return await procs("solo")
@@ -74,7 +74,7 @@ async def test_claim_reserves_until_full_then_evicts_idle_candidates_in_order(on
     assert (await one.claim(URL, "e@v1-00000005", 3, ("a@v1-00000001",), 0.0)).evict == ("a@v1-00000001",)
 
 
-async def test_unload_refused_while_marked_and_allowed_after(one: ClusterState) -> None:
+async def test_unload_refused_while_marked_and_allowed_after(one: MemoryCluster | RedisCluster) -> None:
     await fill(one, ["a@v1-00000001"])
     assert await one.mark(URL, "a@v1-00000001")
     assert not await one.begin_unload(URL, "a@v1-00000001")

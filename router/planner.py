@@ -1,0 +1,110 @@
+"""Planner: turns a request into the placement profile's input and its decision into a replica.
+
+The placement input carries everything the decision depends on (DESIGN example 17): the
+replicas' views (health, scraped load, residency with cluster-wide in-flight counts) and the
+hot-copy targets; the decision carries every action (the replica, and the victims to evict).
+The runtime executes it: the loader's cluster ``claim`` evicts the decision's victims — and,
+only when this process's view was stale and the replica holds more than it knew, the next
+idle adapters in LRU order (``candidates``), never a hot copy for a prewarm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from registry.snapshot import VersionInfo
+from router.contract import ForwardRequest, NoCapacity
+from router.hotness import HotSet
+from router.metrics import RouterMetrics
+from router.placement.types import Decision, PlacementRequest, Profile
+from router.store import ReplicaState, ReplicaStore, views
+
+
+class Planner:
+    def __init__(
+        self,
+        store: ReplicaStore,
+        profile: Profile,
+        hot: HotSet,
+        metrics: RouterMetrics,
+        *,
+        clock: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self.profile = profile
+        self._hot = hot
+        self._metrics = metrics
+        self._clock = clock
+        self._counters: dict[str, Any] = {}
+
+    def place(self, req: ForwardRequest, excluded: set[str]) -> tuple[ReplicaState, Decision]:
+        """The replica for ``req`` (never one in ``excluded``); raises NoCapacity."""
+        reps = [r for r in self._store.for_base(req.base_model) if r.healthy and r.url not in excluded]
+        if not reps:
+            raise NoCapacity(f"no healthy replica for base model {req.base_model}", retry_after=2)
+        version = req.version
+        body = req.body
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 0
+        preq = PlacementRequest(
+            lora_name=version.lora_name if version else None,
+            adapter_id=version.adapter_id if version else None,
+            size_bytes=version.total_bytes if version else 0,
+            max_tokens=max_tokens if isinstance(max_tokens, int) else 0,
+            exclude=frozenset(excluded),
+            hot_targets=self._hot.targets,
+        )
+        decision = self.profile.pick(preq, views(reps), self._clock())
+        rep = self._store.replicas.get(decision.replica) if decision.replica is not None else None
+        if rep is None:
+            raise NoCapacity(f"no capacity for {req.client_model}: {decision.reason or 'all replicas busy'}")
+        outcome = decision.action if decision.action != "none" else "hit"
+        counter = self._counters.get(outcome)
+        if counter is None:  # the labelled child, looked up once per outcome (labels() is slow)
+            counter = self._counters[outcome] = self._metrics.placement.labels(outcome=outcome)
+        counter.inc()
+        return rep, decision
+
+    def place_copy(
+        self, info: VersionInfo, candidates: list[ReplicaState], exclude: set[str], *, strict_hot: bool
+    ) -> tuple[ReplicaState, Decision] | None:
+        """Where one more copy of ``info`` goes (a prewarm), or None when no replica can take it
+        (with ``strict_hot``: not without evicting another hot copy)."""
+        cands = [r for r in candidates if r.url not in exclude]
+        if not cands:
+            return None
+        preq = PlacementRequest(
+            lora_name=info.lora_name,
+            adapter_id=info.adapter_id,
+            size_bytes=info.total_bytes,
+            exclude=frozenset(exclude),
+            hot_targets=self._hot.targets,
+            strict_hot=strict_hot,
+        )
+        d = self.profile.pick(preq, views(cands), self._clock())
+        rep = self._store.replicas.get(d.replica) if d.replica is not None else None
+        return None if rep is None else (rep, d)
+
+    def candidates(
+        self, rep: ReplicaState, decision: Decision, lora_name: str, *, strict_hot: bool
+    ) -> tuple[str, ...]:
+        """The decision's victims, then (for a stale view only) other idle residents, LRU first;
+        hot copies last, and none at all when ``strict_hot``."""
+        out = [v for v in decision.evict if v != lora_name]
+        seen = set(out)
+        idle = sorted(
+            (
+                r
+                for r in rep.residents.values()
+                if r.state == "resident"
+                and r.inflight + r.remote_inflight == 0
+                and r.lora_name != lora_name
+                and r.lora_name not in seen
+            ),
+            key=lambda r: r.last_used,
+        )
+        targets = self._hot.targets
+        out.extend(r.lora_name for r in idle if r.lora_name not in targets)
+        if not strict_hot:
+            out.extend(r.lora_name for r in idle if r.lora_name in targets)
+        return tuple(out)

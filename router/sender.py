@@ -1,0 +1,148 @@
+"""Sender: one inference request to the chosen replica, through the pool's engine driver.
+
+Counts the request in flight on the replica and the adapter (placement reads both) until the
+answer or the stream ends, rewrites ``model`` to the client's string, checks the replica
+answered for the adapter asked (else an ``adapter.wrong_adapter`` audit event and an error),
+and hands streams to ``StreamRelay``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import orjson
+
+from registry.audit_sink import AuditSink
+from router.contract import ForwardRequest, ForwardResult
+from router.drivers import Retryable
+from router.forwarding import StreamRelay, WrongAdapter, make_rewriter, parse_usage, read_body
+from router.loader import ACTOR
+from router.metrics import RouterMetrics
+from router.store import ReplicaState
+
+log = logging.getLogger("loraplane.router")
+
+
+class Sender:
+    def __init__(self, audit: AuditSink, metrics: RouterMetrics, *, clock: Callable[[], float]) -> None:
+        self._audit = audit
+        self._metrics = metrics
+        self._clock = clock
+
+    async def send(
+        self,
+        rep: ReplicaState,
+        req: ForwardRequest,
+        cold: bool,
+        queue_s: float,
+        on_end: Callable[[], None],
+    ) -> ForwardResult:
+        """Send ``req`` to ``rep``; ``on_end`` runs once when the answer or stream is over (or
+        failed). Raises ``Retryable`` / ``WrongAdapter`` / ``UpstreamTimeout`` before the first byte."""
+        version = req.version
+        driver = rep.driver
+        model = driver.request_model(version.lora_name if version else None, rep.pool.served_name)
+        body = dict(req.body)
+        body["model"] = model
+        if req.stream and req.want_usage:
+            opts = body.get("stream_options")
+            body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+        resident = rep.residents.get(version.lora_name) if version is not None else None
+        rep.inflight += 1
+        if resident is not None:
+            resident.inflight += 1
+            resident.last_used = self._clock()
+        ended = False
+
+        def end() -> None:
+            nonlocal ended
+            if ended:
+                return
+            ended = True
+            rep.inflight -= 1
+            if resident is not None:
+                resident.inflight -= 1
+                resident.last_used = self._clock()
+            on_end()
+
+        try:
+            resp = await driver.send(rep.url, req.endpoint, orjson.dumps(body), req.request_id)
+        except BaseException:
+            end()
+            raise
+        try:
+            status = resp.status
+            kind = driver.classify_answer(status, adapter=version is not None)
+            if kind != "ok":
+                text = await resp.read()
+                resp.release()
+                if kind == "adapter_missing":
+                    raise Retryable(f"replica does not know {model}", adapter_missing=True)
+                raise Retryable(f"replica answered HTTP {status}: {text[:200]!r}")
+            rewriter = make_rewriter(model, req.client_model)
+            out_headers = {"content-type": resp.headers.get("Content-Type", "application/json")}
+            result = ForwardResult(
+                status=status, headers=out_headers, replica=rep.url, cold_load=cold, queue_s=queue_s
+            )
+
+            async def on_wrong(got: bytes) -> None:
+                await self._wrong_adapter(rep, req, model, got)
+
+            if req.stream and status == 200:
+                relay = StreamRelay(
+                    resp,
+                    rewriter,
+                    result,
+                    client_wants_usage=req.client_wants_usage,
+                    on_wrong=on_wrong,
+                    on_end=end,
+                )
+                try:
+                    first = await relay.first()
+                except BaseException:
+                    resp.close()
+                    raise
+                result.stream = relay.iterate(first)
+                return result
+            data = await read_body(resp)
+            resp.release()
+            if status == 200:
+                data, wrong = rewriter.rewrite(data)
+                if wrong is not None:
+                    await on_wrong(wrong)
+                    raise WrongAdapter(f"replica answered for model {wrong.decode(errors='replace')!r}")
+                result.usage = parse_usage(data)
+            result.body = data
+            end()
+            return result
+        except BaseException:
+            end()
+            if not resp.closed:
+                resp.close()
+            raise
+
+    async def _wrong_adapter(self, rep: ReplicaState, req: ForwardRequest, asked: str, got: bytes) -> None:
+        self._metrics.wrong_adapter.labels(replica=rep.url).inc()
+        got_s = got.decode(errors="replace")[:200]
+        log.error(
+            "replica answered with the wrong adapter",
+            extra={"replica": rep.url, "asked": asked, "answered": got_s, "request_id": req.request_id},
+        )
+        version = req.version
+        try:
+            await self._audit.record(
+                actor=ACTOR,
+                action="adapter.wrong_adapter",
+                subject_type="adapter",
+                subject_id=version.adapter_id if version else req.base_model,
+                details={
+                    "version": version.version if version else None,
+                    "replica": rep.url,
+                    "asked": asked,
+                    "answered": got_s,
+                    "request_id": req.request_id,
+                },
+            )
+        except Exception as exc:  # the audit sink must never break routing
+            log.warning("audit record failed", extra={"error": str(exc)})
