@@ -5,8 +5,10 @@ at start (``loader`` is a blocking callable, run on a thread of its own), then f
 change feed: each ``Change(revision, subjects)`` is queued, and the table applies the queued
 run of consecutive revisions with one ``apply_changes(snapshot, subjects, revision)`` call,
 which reads only those subjects' rows and returns a new snapshot sharing everything else.
-Changes that arrive while one is applied are batched into the next call (a burst of 1,000
-changes becomes a few loads and a few swaps, not 1,000). The whole snapshot is reloaded
+Changes that arrive while one is applied are batched into the next call, and while changes
+keep coming the table applies at most once per ``batch_window_s`` (a change after a quiet spell
+is applied at once), so a burst of 1,000 changes becomes a few batched loads and swaps, not
+1,000. The whole snapshot is reloaded
 instead when a revision is missing (a notice never arrived), after a feed reconnect or a
 ``*`` change, when ``apply_changes`` declines (returns None) or is not given, and every
 ``refresh_s`` as a safety net. Each new snapshot goes to ``on_snapshot`` (the router's
@@ -52,6 +54,7 @@ class RoutingTable:
         on_snapshot: Callable[[RoutingSnapshot], Any] | None = None,
         refresh_s: float = 15.0,
         retry_s: float = 1.0,
+        batch_window_s: float = 0.02,
     ) -> None:
         self._loader = loader
         self._apply = apply_changes
@@ -59,6 +62,8 @@ class RoutingTable:
         self._on_snapshot = on_snapshot
         self._refresh_s = refresh_s
         self._retry_s = min(retry_s, refresh_s)
+        self._batch_window_s = batch_window_s
+        self._last_apply = -1e9  # time.monotonic() of the last incremental apply
         self.snapshot: RoutingSnapshot | None = None
         self.stale = False  # True while the last registry read failed
         self.last_error: str | None = None
@@ -143,6 +148,10 @@ class RoutingTable:
                 if ALL in subjects or self._apply is None:
                     self._full = True
                     continue
+                hold = self._last_apply + self._batch_window_s - time.monotonic()
+                if hold > 0:  # changes keep coming: let this batch grow a little
+                    await asyncio.sleep(hold)
+                    continue
                 t0 = time.perf_counter()
                 try:
                     snap = await self._in_thread(self._apply, base, subjects, last)
@@ -153,6 +162,7 @@ class RoutingTable:
                     self._full = True
                     continue
                 self.apply_ms = round((time.perf_counter() - t0) * 1000, 2)
+                self._last_apply = time.monotonic()
                 self.applies += 1
                 self.changes_applied += last - base.revision
                 for r in range(base.revision + 1, last + 1):
