@@ -172,7 +172,8 @@ class ManagedProcess:
         self.cwd = cwd
         self.name = name or Path(self.argv[0]).name
         if log_path is None:
-            fd, tmp = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")
+            safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in self.name)
+            fd, tmp = tempfile.mkstemp(prefix=f"{safe}-", suffix=".log")
             os.close(fd)
             log_path = tmp
         self.log_path = Path(log_path)
