@@ -35,6 +35,11 @@ class RegistrySettings(LoraplaneSettings):
     max_adapter_bytes: int = Field(
         default=2 * 1024**3, description="Cap on the total bytes of one version (413 above it)."
     )
+    promotion_ttl_s: float = Field(
+        default=7 * 24 * 3600,
+        gt=0,
+        description="How long a promotion request waits for its approvals before it expires (SPEC §14).",
+    )
     feed_poll_interval_s: float = Field(
         default=0.05, description="Polling fallback of the change feed (SQLite across processes)."
     )

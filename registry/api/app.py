@@ -1,8 +1,9 @@
 """The admin API application: ``create_admin_app(settings, *, engine, store, feed, replica_directory)``.
 
-Everything under ``/admin/v1``; bearer admin token on every route except ``/healthz`` and the
-OpenAPI document / docs. Every error, FastAPI's own included, is rendered as
-``{"error": {"code", "message", "details"}}``; bad input is never a 500.
+Everything under ``/admin/v1``; a bearer admin token on every route except ``/healthz`` and the
+OpenAPI document / docs, and the permission each route declares (SPEC §14, ``registry.auth``).
+Every error, FastAPI's own included, is rendered as ``{"error": {"code", "message", "details"}}``;
+bad input is never a 500.
 """
 
 from __future__ import annotations
@@ -19,9 +20,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kit.db import make_engine, make_session_factory
 from kit.errors import LoraplaneError
-from registry.api import routes_adapters, routes_ops, routes_owners, routes_tenants, routes_upload
-from registry.api.deps import AdminState, require_admin
+from registry.api import (
+    routes_adapters,
+    routes_bulk,
+    routes_governance,
+    routes_ops,
+    routes_owners,
+    routes_tenants,
+    routes_upload,
+)
+from registry.api.deps import AdminState
 from registry.api.schemas import ErrorOut
+from registry.auth.dependencies import AuthConfig, guard
 from registry.feed import ChangeFeed, make_feed
 from registry.migrate import check_schema
 from registry.replicas import ReplicaDirectory
@@ -164,14 +174,25 @@ def create_admin_app(
         replica_directory=replica_directory,
         admin_token=token,
     )
+    app.state.auth = AuthConfig(factory=app.state.admin.factory, bootstrap_token=token)
     _install_error_handlers(app)
 
     @app.get(f"{PREFIX}/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    auth = [Depends(require_admin)]
-    for module in (routes_adapters, routes_upload, routes_tenants, routes_owners, routes_ops):
+    # Each route declares its permission (registry.auth.dependencies.requires); the guard makes
+    # a route that declares none admin-only.
+    auth = [Depends(guard)]
+    for module in (
+        routes_adapters,
+        routes_upload,
+        routes_tenants,
+        routes_owners,
+        routes_ops,
+        routes_governance,
+        routes_bulk,
+    ):
         app.include_router(module.router, prefix=PREFIX, dependencies=auth)
     from registry.console import install_console  # here: the console builds on registry.api.deps
 

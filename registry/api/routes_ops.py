@@ -6,21 +6,27 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import APIRouter, Body, Query, Request
+from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from kit.errors import Conflict, Unavailable
 from registry.api.deps import read, state_of
 from registry.api.schemas import AuditOut, AuditPage, PrewarmBody, ReplicaList
+from registry.api.scopes import OWNER_OF_ADAPTER
+from registry.auth import Principal
+from registry.auth.dependencies import requires
 from registry.services import adapters as adapter_svc
 from registry.services import audit as audit_svc
 
 router = APIRouter()
 
+Reader = Annotated[Principal, Depends(requires("read"))]
+
 
 @router.get("/audit", response_model=AuditPage, tags=["audit"])
 def list_audit(
     request: Request,
+    who: Reader,
     limit: Annotated[int | None, Query()] = None,
     cursor: Annotated[str | None, Query()] = None,
     action: str | None = None,
@@ -54,7 +60,7 @@ def _directory(request: Request) -> Any:
 
 
 @router.get("/replicas", tags=["replicas"], responses={200: {"model": ReplicaList}})
-async def list_replicas(request: Request) -> dict[str, Any]:
+async def list_replicas(request: Request, who: Reader) -> dict[str, Any]:
     """Every replica the router knows (SPEC §13 replica record)."""
     directory = _directory(request)
     try:
@@ -66,7 +72,10 @@ async def list_replicas(request: Request) -> dict[str, Any]:
 
 @router.post("/adapters/{adapter_id}/prewarm", status_code=202, tags=["replicas"])
 async def prewarm(
-    request: Request, adapter_id: str, body: Annotated[PrewarmBody | None, Body()] = None
+    request: Request,
+    adapter_id: str,
+    who: Annotated[Principal, Depends(requires("adapter.prewarm", scope=OWNER_OF_ADAPTER))],
+    body: Annotated[PrewarmBody | None, Body()] = None,
 ) -> JSONResponse:
     """Load the adapter's active version onto ``replicas`` replicas now (default 1)."""
     n = body.replicas if body is not None else 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Request
+from fastapi import APIRouter, Body, Depends, Query, Request
 
 from kit.errors import InvalidRequest
 from registry.api.deps import read, state_of, write
@@ -19,17 +19,18 @@ from registry.api.schemas import (
     TenantPage,
     TenantPatch,
 )
+from registry.auth import Principal
+from registry.auth.dependencies import requires
 from registry.services import tenants as svc
 
 router = APIRouter(tags=["tenants"])
 
-
-def _actor(request: Request) -> str:
-    return str(getattr(request.state, "actor", "admin"))
+Reader = Annotated[Principal, Depends(requires("read"))]
+TenantAdmin = Annotated[Principal, Depends(requires("tenant.write"))]
 
 
 @router.post("/tenants", status_code=201, response_model=TenantOut)
-def create_tenant(request: Request, body: TenantCreate) -> TenantOut:
+def create_tenant(request: Request, body: TenantCreate, who: TenantAdmin) -> TenantOut:
     limits = body.limits.model_dump() if body.limits is not None else None
     rec = write(
         state_of(request),
@@ -39,7 +40,7 @@ def create_tenant(request: Request, body: TenantCreate) -> TenantOut:
             name=body.name,
             limits=limits,
             base_model_access=body.base_model_access,
-            actor=_actor(request),
+            actor=who.id,
         ),
     )
     return TenantOut.model_validate(rec)
@@ -48,6 +49,7 @@ def create_tenant(request: Request, body: TenantCreate) -> TenantOut:
 @router.get("/tenants", response_model=TenantPage)
 def list_tenants(
     request: Request,
+    who: Reader,
     limit: Annotated[int | None, Query()] = None,
     cursor: Annotated[str | None, Query()] = None,
 ) -> TenantPage:
@@ -56,14 +58,14 @@ def list_tenants(
 
 
 @router.get("/tenants/{tenant_id}", response_model=TenantDetailOut)
-def describe_tenant(request: Request, tenant_id: str) -> TenantDetailOut:
+def describe_tenant(request: Request, tenant_id: str, who: Reader) -> TenantDetailOut:
     return TenantDetailOut.model_validate(
         read(state_of(request), lambda s: svc.describe_tenant(s, tenant_id))
     )
 
 
 @router.patch("/tenants/{tenant_id}", response_model=TenantOut)
-def update_tenant(request: Request, tenant_id: str, body: TenantPatch) -> TenantOut:
+def update_tenant(request: Request, tenant_id: str, body: TenantPatch, who: TenantAdmin) -> TenantOut:
     changes: dict[str, Any] = {}
     for field in body.model_fields_set:
         if field == "limits":
@@ -75,42 +77,44 @@ def update_tenant(request: Request, tenant_id: str, body: TenantPatch) -> Tenant
         "base_model_access" in changes and changes["base_model_access"] is None
     ):
         raise InvalidRequest("name and base_model_access cannot be null")
-    rec = write(state_of(request), lambda s: svc.update_tenant(s, tenant_id, changes, actor=_actor(request)))
+    rec = write(state_of(request), lambda s: svc.update_tenant(s, tenant_id, changes, actor=who.id))
     return TenantOut.model_validate(rec)
 
 
 @router.post("/tenants/{tenant_id}/keys", status_code=201, response_model=IssuedKeyOut)
-def issue_key(request: Request, tenant_id: str) -> IssuedKeyOut:
+def issue_key(request: Request, tenant_id: str, who: TenantAdmin) -> IssuedKeyOut:
     """A new API key for the tenant. ``key`` is shown in this answer only; only its hash is stored."""
     return IssuedKeyOut.model_validate(
-        write(state_of(request), lambda s: svc.issue_key(s, tenant_id, actor=_actor(request)))
+        write(state_of(request), lambda s: svc.issue_key(s, tenant_id, actor=who.id))
     )
 
 
 @router.delete("/tenants/{tenant_id}/keys/{key_id}", response_model=KeyOut)
-def revoke_key(request: Request, tenant_id: str, key_id: str) -> KeyOut:
+def revoke_key(request: Request, tenant_id: str, key_id: str, who: TenantAdmin) -> KeyOut:
     return KeyOut.model_validate(
-        write(state_of(request), lambda s: svc.revoke_key(s, tenant_id, key_id, actor=_actor(request)))
+        write(state_of(request), lambda s: svc.revoke_key(s, tenant_id, key_id, actor=who.id))
     )
 
 
 @router.put("/tenants/{tenant_id}/grants/{adapter_id}", response_model=GrantOut)
 def put_grant(
-    request: Request, tenant_id: str, adapter_id: str, body: Annotated[GrantPut | None, Body()] = None
+    request: Request,
+    tenant_id: str,
+    adapter_id: str,
+    who: TenantAdmin,
+    body: Annotated[GrantPut | None, Body()] = None,
 ) -> GrantOut:
     """Allow the tenant to use the adapter (optional per-grant ``rpm``/``tpm``). 200 whether new or not."""
     rpm = body.rpm if body is not None else None
     tpm = body.tpm if body is not None else None
     rec = write(
         state_of(request),
-        lambda s: svc.put_grant(s, tenant_id, adapter_id, rpm=rpm, tpm=tpm, actor=_actor(request)),
+        lambda s: svc.put_grant(s, tenant_id, adapter_id, rpm=rpm, tpm=tpm, actor=who.id),
     )
     return GrantOut.model_validate(rec)
 
 
 @router.delete("/tenants/{tenant_id}/grants/{adapter_id}", response_model=GrantOut)
-def delete_grant(request: Request, tenant_id: str, adapter_id: str) -> GrantOut:
-    rec = write(
-        state_of(request), lambda s: svc.delete_grant(s, tenant_id, adapter_id, actor=_actor(request))
-    )
+def delete_grant(request: Request, tenant_id: str, adapter_id: str, who: TenantAdmin) -> GrantOut:
+    rec = write(state_of(request), lambda s: svc.delete_grant(s, tenant_id, adapter_id, actor=who.id))
     return GrantOut.model_validate(rec)

@@ -22,13 +22,16 @@ import json
 from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from kit.db import session_scope
 from kit.errors import InvalidRequest, Unavailable
 from registry.api.deps import AdminState, state_of
 from registry.api.schemas import UPLOAD_GATE_DOC, SourceUpload, UploadQualityGate, VersionOut
+from registry.api.scopes import OWNER_OF_ADAPTER
+from registry.auth import Principal
+from registry.auth.dependencies import requires
 from registry.feed import bind_feed, publish_committed
 from registry.services import adapters as adapter_svc
 from registry.services import base_models as base_svc
@@ -148,6 +151,7 @@ def _record(
 async def upload_version(
     request: Request,
     adapter_id: str,
+    who: Annotated[Principal, Depends(requires("version.upload", scope=OWNER_OF_ADAPTER))],
     quality_gate: Annotated[UploadQualityGate | None, Query(description=UPLOAD_GATE_DOC)] = None,
 ) -> JSONResponse:
     """Upload the files of a new version (multipart, every part named ``files``, the part's
@@ -157,7 +161,7 @@ async def upload_version(
     201 with the version record; 422 ``invalid_adapter`` with ``details.problems``; 422
     ``invalid_request`` for a bad ``quality_gate``; 413 over the size cap."""
     st = state_of(request)
-    actor = str(getattr(request.state, "actor", "admin"))
+    actor = who.id
     base = await anyio.to_thread.run_sync(_lookup, st, adapter_id)
     if st.store is None:
         raise Unavailable("no artifact store is configured", code="storage_unavailable")

@@ -36,6 +36,15 @@ class BaseModelCreate(_In):
     target_modules: list[StrictStr] = Field(min_length=1)
     module_shapes: dict[str, list[StrictInt]] | None = None
     revision: StrictStr | None = None
+    approvals_required: StrictInt = Field(
+        default=0, ge=0, le=100, description="Approvals a promotion of its adapters needs (SPEC §14)."
+    )
+
+
+class BaseModelPatch(_In):
+    approvals_required: StrictInt = Field(
+        ge=0, le=100, description="Approvals a promotion of its adapters needs (SPEC §14)."
+    )
 
 
 class AdapterCreate(_In):
@@ -55,6 +64,12 @@ class AdapterPatch(_In):
     owner: StrictStr | None = Field(default=None, max_length=255)
     hot: StrictBool | None = Field(
         default=None, description="Marked hot: the router keeps the active version prewarmed."
+    )
+    approvals_required: StrictInt | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Approvals a promotion needs, overriding the base model's (null: the base model's).",
     )
     limits: LimitsIn | None = Field(
         default=None,
@@ -144,6 +159,7 @@ class BaseModelOut(_Out):
     target_modules: list[str]
     module_shapes: dict[str, list[int]] | None
     revision: str | None
+    approvals_required: int
     created_at: datetime
 
 
@@ -187,6 +203,7 @@ class AdapterOut(_Out):
     canary_version: str | None
     canary_weight: int | None
     hot: bool
+    approvals_required: int | None = Field(description="Overrides the base model's; null: the base model's.")
     limits: LimitsOut = Field(description="Shared by every tenant of the adapter (null = unlimited).")
     created_at: datetime
 

@@ -44,6 +44,7 @@ _ALL = (
     Permission("base_model.write", False, "register and change base models (approvals_required included)"),
     Permission("adapter.create", True, "create an adapter (scope: the new adapter's owner)"),
     Permission("adapter.update", True, "PATCH an adapter (a new owner must be in scope too)"),
+    Permission("adapter.approvals", False, "change an adapter's approvals_required (PATCH field)"),
     Permission("version.upload", True, "upload or register a version"),
     Permission("version.quality_gate", True, "record a version's quality-gate result"),
     Permission("adapter.prewarm", True, "load the active version onto replicas now"),

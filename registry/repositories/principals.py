@@ -45,7 +45,7 @@ def live_tokens_by_prefix(session: Session, prefix: str) -> list[tuple[Principal
         .join(PrincipalRow, PrincipalRow.id == PrincipalTokenRow.principal_id)
         .where(PrincipalTokenRow.prefix == prefix, PrincipalTokenRow.revoked_at.is_(None))
     )
-    return [(t, p) for t, p in session.execute(q).tuples()]
+    return [(t, p) for t, p in session.execute(q).all()]
 
 
 def flush(session: Session) -> None:

@@ -14,6 +14,7 @@ from registry.models import AdapterRow, VersionRow
 from registry.repositories import adapters as repo
 from registry.repositories import base_models as base_repo
 from registry.repositories.pagination import Page, clamp_limit, decode_cursor, page_of
+from registry.services.approvals import check_approvals_required
 from registry.services.audit import record_change
 from registry.services.limits import LIMIT_KEYS, check_limits
 from registry.services.records import AdapterRecord, VersionRecord
@@ -94,11 +95,13 @@ def create_adapter(
     return AdapterRecord.of(row)
 
 
-UPDATABLE = ("description", "owner", "hot")
+UPDATABLE = ("description", "owner", "hot", "approvals_required")
 
 
 def _check_field(name: str, value: Any) -> None:
-    if name == "hot":
+    if name == "approvals_required":
+        check_approvals_required(value, nullable=True)
+    elif name == "hot":
         if not isinstance(value, bool):
             raise InvalidRequest("hot must be a boolean", details={"field": "hot"})
     elif value is not None and not isinstance(value, str):

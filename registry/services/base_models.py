@@ -11,6 +11,7 @@ from kit.ids import is_slug
 from registry.models import BaseModelRow
 from registry.repositories import base_models as repo
 from registry.repositories.pagination import Page, clamp_limit, decode_cursor, page_of
+from registry.services.approvals import check_approvals_required
 from registry.services.audit import record_change
 from registry.services.records import BaseModelRecord
 
@@ -56,6 +57,7 @@ def create_base_model(session: Session, spec: dict[str, Any], *, actor: str) -> 
             target_modules=list(dict.fromkeys(spec["target_modules"])),
             module_shapes=spec.get("module_shapes"),
             revision=spec.get("revision"),
+            approvals_required=check_approvals_required(spec.get("approvals_required", 0)),
         ),
     )
     record_change(
@@ -64,8 +66,39 @@ def create_base_model(session: Session, spec: dict[str, Any], *, actor: str) -> 
         action="base_model.created",
         subject_type="base_model",
         subject_id=row.name,
-        details={"hf_id": row.hf_id, "max_lora_rank": row.max_lora_rank},
+        details={
+            "hf_id": row.hf_id,
+            "max_lora_rank": row.max_lora_rank,
+            "approvals_required": row.approvals_required,
+        },
     )
+    return BaseModelRecord.of(row)
+
+
+def update_base_model(session: Session, name: str, changes: dict[str, Any], *, actor: str) -> BaseModelRecord:
+    """``changes``: ``approvals_required`` (SPEC §14). A real change writes one
+    ``base_model.updated`` event; a call that changes nothing writes nothing."""
+    for field in changes:
+        if field != "approvals_required":
+            raise InvalidRequest(
+                f"unknown field {field!r} (known: approvals_required)", details={"field": field}
+            )
+    row = repo.get(session, name)
+    if row is None:
+        raise NotFound(f"base model {name!r} not found", code="base_model_not_found")
+    if "approvals_required" in changes:
+        value = check_approvals_required(changes["approvals_required"])
+        if value != row.approvals_required:
+            row.approvals_required = value
+            session.flush()
+            record_change(
+                session,
+                actor=actor,
+                action="base_model.updated",
+                subject_type="base_model",
+                subject_id=name,
+                details={"approvals_required": value},
+            )
     return BaseModelRecord.of(row)
 
 

@@ -11,9 +11,15 @@ Version statuses: ``ready`` → ``canary`` / ``active`` → ``retired``; any →
 Promotion respects quality gates (:mod:`registry.services.gates`): a ``pending`` or ``failed``
 version is refused (409 ``quality_gate_pending`` / ``quality_gate_failed``) unless ``force``, and
 a forced promotion records ``forced_quality_gate`` in its audit event. Rollback is not gated.
+
+Every change marks the adapter's pending promotion requests that no longer match ``stale``
+(:mod:`registry.services.staleness`, SPEC §14). ``note``: extra audit ``details`` (a bulk
+operation's ``bulk_id`` and ``reason``, an approved request's ``promotion_id``).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -25,9 +31,10 @@ from registry.services.adapters import adapter_row, parse_version
 from registry.services.audit import record_change
 from registry.services.gates import check_promotable
 from registry.services.records import AdapterRecord
+from registry.services.staleness import mark_stale
 
 
-class _State:
+class LockedAdapter:
     """The locked adapter and its versions, with helpers that keep both sides in sync."""
 
     def __init__(self, session: Session, adapter_id: str) -> None:
@@ -86,19 +93,21 @@ class _State:
         repo.flush(self.session)
 
     def describe(self) -> AdapterRecord:
+        """The adapter as described after the change; marks stale promotion requests first."""
+        mark_stale(self.session, self.adapter, self.versions)
         return AdapterRecord.of(self.adapter, sorted(self.versions.values(), key=lambda v: v.number))
 
 
-def promote(
-    session: Session,
-    adapter_id: str,
-    version: str,
-    *,
-    canary_weight: int | None = None,
-    force: bool = False,
-    actor: str,
-) -> AdapterRecord:
-    st = _State(session, adapter_id)
+def locked(session: Session, adapter_id: str) -> LockedAdapter:
+    """The adapter row locked for this transaction, with its versions."""
+    return LockedAdapter(session, adapter_id)
+
+
+def check_promote(
+    st: LockedAdapter, version: str, *, canary_weight: int | None, force: bool
+) -> tuple[VersionRow, str | None]:
+    """The checks of :func:`promote` without the change: the target version and the quality
+    gate that a force overrides (or None). Raises what :func:`promote` would."""
     target = st.version(version)
     name = version_name(target.number)
     if target.status == "disabled":
@@ -110,15 +119,32 @@ def promote(
             "canary_weight must be an integer from 1 to 99", details={"field": "canary_weight"}
         )
     forced = check_promotable(target.quality_gate, name, force=force is True)
+    if canary_weight is not None and st.with_status("active") is None:
+        raise Conflict(
+            f"adapter {st.adapter.id!r} has no active version to split traffic with",
+            code="no_active_version",
+        )
+    return target, forced
+
+
+def promote(
+    session: Session,
+    adapter_id: str,
+    version: str,
+    *,
+    canary_weight: int | None = None,
+    force: bool = False,
+    actor: str,
+    note: dict[str, Any] | None = None,
+) -> AdapterRecord:
+    st = LockedAdapter(session, adapter_id)
+    target, forced = check_promote(st, version, canary_weight=canary_weight, force=force)
+    name = version_name(target.number)
     gate_note = {"forced_quality_gate": forced} if forced is not None else {}
+    gate_note.update(note or {})
     active = st.with_status("active")
 
     if canary_weight is not None:
-        if active is None:
-            raise Conflict(
-                f"adapter {adapter_id!r} has no active version to split traffic with",
-                code="no_active_version",
-            )
         current = st.with_status("canary")
         replaced = None
         if current is not None and current.number != target.number:
@@ -161,8 +187,10 @@ def promote(
     return st.describe()
 
 
-def rollback(session: Session, adapter_id: str, *, actor: str) -> AdapterRecord:
-    st = _State(session, adapter_id)
+def rollback(
+    session: Session, adapter_id: str, *, actor: str, note: dict[str, Any] | None = None
+) -> AdapterRecord:
+    st = LockedAdapter(session, adapter_id)
     active = st.with_status("active")
     target = st.rollback_target(active) if active is not None else None
     if active is None or target is None:
@@ -179,13 +207,16 @@ def rollback(session: Session, adapter_id: str, *, actor: str) -> AdapterRecord:
             "version": version_name(target.number),
             "from": version_name(active.number),
             "canary_cleared": cleared,
+            **(note or {}),
         },
     )
     return st.describe()
 
 
-def disable_version(session: Session, adapter_id: str, version: str, *, actor: str) -> AdapterRecord:
-    st = _State(session, adapter_id)
+def disable_version(
+    session: Session, adapter_id: str, version: str, *, actor: str, note: dict[str, Any] | None = None
+) -> AdapterRecord:
+    st = LockedAdapter(session, adapter_id)
     target = st.version(version)
     name = version_name(target.number)
     if target.status == "disabled":
@@ -214,14 +245,16 @@ def disable_version(session: Session, adapter_id: str, version: str, *, actor: s
         action="version.disabled",
         subject_type="adapter",
         subject_id=adapter_id,
-        details={"version": name, "previous_status": was, "rolled_back_to": rolled_back_to},
+        details={"version": name, "previous_status": was, "rolled_back_to": rolled_back_to, **(note or {})},
     )
     return st.describe()
 
 
-def set_adapter_enabled(session: Session, adapter_id: str, enabled: bool, *, actor: str) -> AdapterRecord:
+def set_adapter_enabled(
+    session: Session, adapter_id: str, enabled: bool, *, actor: str, note: dict[str, Any] | None = None
+) -> AdapterRecord:
     """The kill switch. Disabling keeps active/canary as they are, so enabling restores them."""
-    st = _State(session, adapter_id)
+    st = LockedAdapter(session, adapter_id)
     want = "active" if enabled else "disabled"
     if st.adapter.status == want:
         return st.describe()
@@ -236,6 +269,7 @@ def set_adapter_enabled(session: Session, adapter_id: str, enabled: bool, *, act
         details={
             "active_version": version_name(st.adapter.active_version) if st.adapter.active_version else None,
             "canary_version": version_name(st.adapter.canary_version) if st.adapter.canary_version else None,
+            **(note or {}),
         },
     )
     return st.describe()

@@ -30,6 +30,7 @@ class BaseModelRecord:
     target_modules: list[str]
     module_shapes: dict[str, list[int]] | None
     revision: str | None
+    approvals_required: int
     created_at: datetime
 
     @classmethod
@@ -41,6 +42,7 @@ class BaseModelRecord:
             target_modules=list(row.target_modules),
             module_shapes={k: list(v) for k, v in row.module_shapes.items()} if row.module_shapes else None,
             revision=row.revision,
+            approvals_required=int(row.approvals_required or 0),
             created_at=row.created_at,
         )
 
@@ -110,6 +112,7 @@ class AdapterRecord:
     canary_version: str | None
     canary_weight: int | None
     hot: bool
+    approvals_required: int | None
     created_at: datetime
     versions: list[VersionRecord] | None = None  # only in describe
     limits: LimitsRecord = NO_LIMITS  # shared by every tenant (SPEC §15)
@@ -126,6 +129,7 @@ class AdapterRecord:
             canary_version=vname(row.canary_version),
             canary_weight=row.canary_weight if row.canary_version is not None else None,
             hot=bool(row.hot),
+            approvals_required=row.approvals_required,
             created_at=row.created_at,
             versions=[VersionRecord.of(v) for v in versions] if versions is not None else None,
             limits=LimitsRecord(rpm=row.rpm, tpm=row.tpm, max_concurrency=row.max_concurrency),

@@ -25,7 +25,7 @@ A = f"{V1}/adapters/support"
 
 RECORD_FIELDS = {
     "id", "base_model", "owner", "description", "status", "active_version", "canary_version",
-    "canary_weight", "hot", "limits", "created_at",
+    "canary_weight", "hot", "approvals_required", "limits", "created_at",
 }  # fmt: skip
 
 
@@ -104,7 +104,7 @@ def test_patch_changes_fields_in_one_audited_revision(
     assert _revision(factory) == rev + 1
     assert feed.published[-1] == rev + 1  # published on the change feed after the commit
     [event] = _events(client)
-    assert (event["actor"], event["subject_type"], event["subject_id"]) == ("admin", "adapter", "support")
+    assert (event["actor"], event["subject_type"], event["subject_id"]) == ("bootstrap", "adapter", "support")
     assert event["details"] == {"hot": True}
     assert client.get(A).json()["hot"] is True
     with session_scope(factory) as s:
@@ -170,7 +170,7 @@ def test_openapi_describes_patch(client: TestClient) -> None:
     op = doc["paths"]["/admin/v1/adapters/{adapter_id}"]["patch"]
     ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     schema = doc["components"]["schemas"][ref.rsplit("/", 1)[-1]]
-    assert set(schema["properties"]) == {"description", "owner", "hot", "limits"}
+    assert set(schema["properties"]) == {"description", "owner", "hot", "approvals_required", "limits"}
     assert schema.get("additionalProperties") is False
     assert "200" in op["responses"] and "422" in op["responses"] and "404" in op["responses"]
     out = op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]

@@ -194,7 +194,7 @@ def test_gate_set_and_reset_with_details_is_audited(client: TestClient, factory:
     assert (rec["quality_gate"], rec["quality_gate_details"]) == ("passed", scores)
     assert _revision(factory) == rev + 1
     [event] = _events(client, "version.quality_gate")
-    assert (event["actor"], event["subject_type"], event["subject_id"]) == ("admin", "adapter", "support")
+    assert (event["actor"], event["subject_type"], event["subject_id"]) == ("bootstrap", "adapter", "support")
     assert event["details"] == {"version": "v2", "from": "skipped", "to": "passed", "details": scores}
     got = client.get(f"{A}/versions/v2").json()
     assert (got["quality_gate"], got["quality_gate_details"]) == ("passed", scores)

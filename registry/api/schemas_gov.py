@@ -1,0 +1,124 @@
+"""Request and response bodies of the governance routes (SPEC §14): principals, tokens,
+promotion requests, bulk operations."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel as Schema
+from pydantic import ConfigDict, Field, StrictBool, StrictStr
+
+Role = Literal["viewer", "maintainer", "approver", "operator", "admin"]
+
+
+class _In(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Out(Schema):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class PrincipalCreate(_In):
+    id: StrictStr
+    role: Role
+    owners: list[StrictStr] = Field(
+        default_factory=list, description="Adapter owners a maintainer or approver may act on."
+    )
+
+
+class PrincipalPatch(_In):
+    role: Role | None = None
+    owners: list[StrictStr] | None = None
+
+
+class TokenOut(_Out):
+    token_id: str
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class IssuedTokenOut(_Out):
+    token_id: str
+    token: str = Field(description="Shown in this answer only; only its sha256 is stored.")
+    prefix: str
+    created_at: datetime
+
+
+class PrincipalOut(_Out):
+    id: str
+    role: str
+    owners: list[str]
+    created_by: str | None
+    created_at: datetime | None
+
+
+class PrincipalDetailOut(PrincipalOut):
+    tokens: list[TokenOut] | None = None
+
+
+class PrincipalPage(Schema):
+    data: list[PrincipalOut]
+    next_cursor: str | None
+
+
+class DecisionBody(_In):
+    comment: StrictStr | None = Field(default=None, max_length=4000)
+
+
+class ApprovalOut(_Out):
+    principal: str
+    at: datetime
+
+
+class PromotionOut(_Out):
+    id: str
+    adapter_id: str
+    version: str
+    canary_weight: int | None
+    requested_by: str
+    status: str
+    approvals: list[ApprovalOut]
+    approvals_required: int
+    created_at: datetime
+    expires_at: datetime
+    decided_by: str | None
+    decided_at: datetime | None
+    comment: str | None
+
+
+class PromotionPage(Schema):
+    data: list[PromotionOut]
+    next_cursor: str | None
+
+
+class BulkBody(_In):
+    selector: dict[str, Any] = Field(
+        description='Exactly one of {"adapters": [ids]}, {"owner": "…"}, {"base_model": "…"}, '
+        '{"promoted_since": "ISO 8601"}.'
+    )
+    dry_run: StrictBool = False
+    reason: StrictStr | None = Field(default=None, max_length=1000)
+
+
+class BulkErrorOut(_Out):
+    code: str
+    message: str
+
+
+class BulkItemOut(_Out):
+    adapter_id: str
+    ok: bool
+    from_version: str | None
+    to_version: str | None
+    error: BulkErrorOut | None
+
+
+class BulkOut(_Out):
+    bulk_id: str
+    dry_run: bool
+    results: list[BulkItemOut]
+    applied: int
+    failed: int
