@@ -13,7 +13,8 @@ all of them (a background task, nothing per request). A live request keeps its s
 it runs; the slots of a process that died (SIGKILL, lost host) expire within ``lease_s`` and the
 next admission drops them. A concurrency rejection's ``Retry-After`` is true: 1 s when a live
 request holds a slot (it frees when that request ends), otherwise the time until the first
-slot of a process that stopped renewing (one not renewed for ``lease_s / 2``) expires.
+slot of a process that stopped renewing (one not renewed for ``2 * lease_s / 3``, a whole
+renewal period late) expires.
 
 The scripts go through an :class:`~gateway.ratelimit.autopipe.AutoPipeline`: concurrent
 admissions and settlements share one round trip on one connection (each still its own atomic
@@ -160,7 +161,7 @@ for k = 1, #KEYS do
     redis.call('EXPIRE', KEYS[k], math.ceil(lease_s) + 60)
   end
 end
-return renewed
+return {renewed}
 """
 
 RENEW_BATCH = 1000  # lease ids per renewal script call
@@ -210,7 +211,7 @@ class RedisLimiter:
         keys = [p + b.key for b in plan.buckets]
         keys += [p + s.key for s in plan.slots]
         args: list[str | int | float] = [
-            len(plan.buckets), len(plan.slots), lease_id, self._lease_s, 1 if dry else 0, self._lease_s / 2,
+            len(plan.buckets), len(plan.slots), lease_id, self._lease_s, 1 if dry else 0, self._lease_s / 3,
         ]  # fmt: skip
         for b in plan.buckets:
             args += [b.limit, b.cost]
@@ -283,7 +284,7 @@ class RedisLimiter:
             for ids in by_key.values():
                 args.append(len(ids))
                 args += ids
-            renewed += int(_s((await self._run(self._renew, list(by_key), args)) or 0))
+            renewed += int(_s((await self._run(self._renew, list(by_key), args))[0]))
         return renewed
 
     async def _renew_loop(self) -> None:
@@ -292,7 +293,7 @@ class RedisLimiter:
             await asyncio.sleep(period)
             try:
                 await self.renew()
-            except LimiterUnavailable as e:
+            except Exception as e:  # never let the loop die: slots would then expire under live requests
                 if not self._renew_failing:
                     log.error("renewing concurrency slots failed", extra={"error": str(e)})
                 self._renew_failing = True
