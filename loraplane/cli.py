@@ -5,6 +5,7 @@ Sub-apps (module attribute → command group):
   registry.cli:adapters_app      → loraplane adapters push|list|show|promote|rollback|disable|enable
   registry.cli:tenants_app       → loraplane tenants create|key|revoke|grant|limits|list
   registry.cli:base_models_app   → loraplane base-models add|list
+  registry.cli:owners_app        → loraplane owners limits|show
 Single commands (module attribute → command):
   simulator.cli:simulate         → loraplane simulate --port P --model NAME …
   loraplane.up:up                → loraplane up
@@ -34,6 +35,7 @@ _GROUPS = [
     ("registry.cli", "adapters_app", "adapters"),
     ("registry.cli", "tenants_app", "tenants"),
     ("registry.cli", "base_models_app", "base-models"),
+    ("registry.cli", "owners_app", "owners"),
 ]
 _COMMANDS = [
     ("simulator.cli", "simulate", "simulate"),

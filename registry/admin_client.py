@@ -340,6 +340,11 @@ class AdminClient:
         body = _drop_none({"description": description, "owner": owner, "hot": hot})
         return self.request("PATCH", f"/adapters/{_q(adapter_id)}", json_body=body)
 
+    def set_adapter_limits(self, adapter_id: str, limits: dict[str, int | None] | None) -> JSON:
+        """PATCH the adapter's ``limits`` (shared by every tenant), merged key by key (a None value
+        = unlimited); ``limits=None`` clears all three."""
+        return self.request("PATCH", f"/adapters/{_q(adapter_id)}", json_body={"limits": limits})
+
     def list_adapters(
         self,
         base_model: str | None = None,
@@ -494,6 +499,16 @@ class AdminClient:
 
     def delete_grant(self, tenant_id: str, adapter_id: str) -> JSON | None:
         return self.request("DELETE", f"/tenants/{_q(tenant_id)}/grants/{_q(adapter_id)}")
+
+    # -- owners -------------------------------------------------------------------------------
+
+    def get_owner(self, owner: str) -> JSON:
+        """The owner's limits and adapters (404 ``owner_not_found`` if none names it, no limits set)."""
+        return self.request("GET", f"/owners/{_q(owner)}")
+
+    def put_owner_limits(self, owner: str, limits: dict[str, int | None]) -> JSON:
+        """Replace the owner's limits (a key left out = unlimited), shared by all its adapters."""
+        return self.request("PUT", f"/owners/{_q(owner)}/limits", json_body=limits)
 
     # -- audit --------------------------------------------------------------------------------
 

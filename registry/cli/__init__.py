@@ -2,9 +2,10 @@
 
 - ``db_app``          → ``loraplane db upgrade|current``
 - ``adapters_app``    → ``loraplane adapters create|update|push|register|list|show|versions|promote|
-  gate|rollback|disable|enable|disable-version|prewarm|replicas|audit``
+  gate|rollback|disable|enable|disable-version|prewarm|replicas|audit|limits``
 - ``tenants_app``     → ``loraplane tenants create|list|show|key|revoke|grant|ungrant|limits``
 - ``base_models_app`` → ``loraplane base-models add|list|show``
+- ``owners_app``      → ``loraplane owners limits|show``
 
 Everything except ``db`` is a pure HTTP client of the admin API (:mod:`registry.admin_client`).
 """
@@ -13,6 +14,7 @@ from registry.cli import ops  # noqa: F401  (registers prewarm, replicas, audit 
 from registry.cli.adapters import adapters_app
 from registry.cli.base_models import base_models_app
 from registry.cli.db import db_app
+from registry.cli.limits import owners_app  # also registers `adapters limits`
 from registry.cli.tenants import tenants_app
 
-__all__ = ["adapters_app", "base_models_app", "db_app", "tenants_app"]
+__all__ = ["adapters_app", "base_models_app", "db_app", "owners_app", "tenants_app"]
