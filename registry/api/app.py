@@ -41,6 +41,18 @@ log = logging.getLogger("loraplane.registry.api")
 
 PREFIX = "/admin/v1"
 
+# Every admin route, in one place: the app mounts these under PREFIX and the README's permission
+# table is generated from them (registry.auth.table).
+ADMIN_ROUTERS = (
+    routes_adapters.router,
+    routes_upload.router,
+    routes_tenants.router,
+    routes_owners.router,
+    routes_ops.router,
+    routes_governance.router,
+    routes_bulk.router,
+)
+
 _HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
@@ -184,16 +196,8 @@ def create_admin_app(
     # Each route declares its permission (registry.auth.dependencies.requires); the guard makes
     # a route that declares none admin-only.
     auth = [Depends(guard)]
-    for module in (
-        routes_adapters,
-        routes_upload,
-        routes_tenants,
-        routes_owners,
-        routes_ops,
-        routes_governance,
-        routes_bulk,
-    ):
-        app.include_router(module.router, prefix=PREFIX, dependencies=auth)
+    for router in ADMIN_ROUTERS:
+        app.include_router(router, prefix=PREFIX, dependencies=auth)
     from registry.console import install_console  # here: the console builds on registry.api.deps
 
     install_console(app)  # the admin console at /admin/ui/ (its own sign-in)

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio.to_thread
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -192,13 +192,14 @@ class RouteRule:
     requirement: Requirement | None  # None: undeclared (admin only)
 
 
-def route_rules(app: FastAPI, prefix: str, *, public: Callable[[str], bool]) -> list[RouteRule]:
-    """Every admin route (``public`` paths left out) with its declared requirement."""
+def route_rules(routers: Sequence[APIRouter], prefix: str) -> list[RouteRule]:
+    """Every route of ``routers`` (as mounted under ``prefix``) with its declared requirement."""
     out: list[RouteRule] = []
-    for route in app.routes:
-        if not isinstance(route, APIRoute) or not route.path.startswith(prefix) or public(route.path):
-            continue
-        req = requirement_of(route)
-        for method in sorted(route.methods or ()):
-            out.append(RouteRule(method, route.path[len(prefix) :] or "/", req))
+    for router in routers:
+        for route in router.routes:
+            if not isinstance(route, APIRoute):
+                continue
+            req = requirement_of(route)
+            for method in sorted(route.methods or ()):
+                out.append(RouteRule(method, prefix + route.path, req))
     return out
