@@ -65,8 +65,12 @@ def default_profile(
     adapter_high: float = 0.25,
     low_water: float = 0.05,
     idle_horizon_s: float = 60.0,
+    evictor: Any = "lru-idle-keep-hot",
 ) -> SchedulerProfile:
-    """loraplane's default policy (see README.md for the tables)."""
+    """loraplane's default policy (see README.md for the tables).
+
+    ``evictor`` names a registered evictor (``name`` or ``[name, {params}]``); the keep-hot ones
+    take the profile's ``low_water`` unless their params set it."""
     w = dict(DEFAULT_WEIGHTS)
     if weights:
         unknown = set(weights) - set(w)
@@ -79,9 +83,15 @@ def default_profile(
         (FreeSlotScorer(idle_horizon_s), w["free-slot"]),
         (LoadScorer(), w["load"]),
     ]
-    return DefaultProfile(
-        "default", _filters(), scorers, MaxScorePicker(), HotCopyEvictor(low_water=low_water)
-    )
+    if isinstance(evictor, str):
+        evictor = [evictor, {}]
+    if isinstance(evictor, list | tuple) and evictor and isinstance(evictor[0], str):
+        cls = EVICTORS.get(evictor[0])
+        params = evictor[-1] if len(evictor) > 1 and isinstance(evictor[-1], dict) else {}
+        if cls is not None and issubclass(cls, HotCopyEvictor) and "low_water" not in params:
+            evictor = [evictor[0], {**params, "low_water": low_water}]
+    ev: Evictor = _plugin(EVICTORS, "evictor", evictor)[0]
+    return DefaultProfile("default", _filters(), scorers, MaxScorePicker(), ev)
 
 
 def round_robin_profile() -> SchedulerProfile:

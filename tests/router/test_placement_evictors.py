@@ -8,6 +8,7 @@ executed as is.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 
 import pytest
@@ -23,10 +24,14 @@ from router.placement.evictors import (
 )
 from router.placement.framework import Evictor, PickContext, SchedulerProfile
 from router.placement.fused import DefaultProfile
-from router.placement.types import PlacementRequest, ReplicaView, Resident
+from router.placement.types import Decision, PlacementRequest, ReplicaView, Resident
 from tests.router.test_placement_support import res, view
 
 ALL_EVICTORS: tuple[Evictor, ...] = (LruIdleEvictor(), HotCopyEvictor(), CostAwareEvictor())
+
+
+def outcome(d: Decision) -> tuple[object, ...]:
+    return (d.replica, d.action, d.evict, d.reason, dict(d.scores))
 
 
 def hot_req(name: str, targets: dict[str, int], strict: bool = False) -> PlacementRequest:
@@ -226,3 +231,49 @@ def test_custom_profile_takes_any_registered_evictor() -> None:
         profile_from_config("custom", '{"evictor": "fifo"}')
     with pytest.raises(ValueError, match="bad parameters for evictor"):
         profile_from_config("custom", '{"evictor": ["lru-idle", {"scan": 3}]}')
+
+
+def test_default_profile_takes_another_evictor() -> None:
+    p = make_profile("default", evictor="cost-aware-keep-hot", low_water=0.2)
+    assert isinstance(p, DefaultProfile) and p._planned()
+    assert isinstance(p.evictor, CostAwareEvictor) and p.evictor.low_water == 0.2
+    params = '{"evictor": ["cost-aware-keep-hot", {"low_water": 0.1, "half_life_s": 9}]}'
+    ev = profile_from_config("default", params).evictor
+    assert isinstance(ev, CostAwareEvictor) and (ev.low_water, ev.half_life_s) == (0.1, 9)
+    assert type(make_profile("default", evictor="lru-idle").evictor) is LruIdleEvictor
+    assert type(make_profile("default").evictor) is HotCopyEvictor
+    with pytest.raises(ValueError, match="unknown evictor"):
+        make_profile("default", evictor="lfu")
+
+
+def test_default_with_the_cost_aware_evictor_fused_equals_generic() -> None:
+    p = make_profile("default", evictor="cost-aware-keep-hot")
+    assert isinstance(p, DefaultProfile)
+    rng = random.Random(4)
+    names = [f"a{k}" for k in range(12)]
+    evicted = 0
+    for _ in range(400):
+        now = 1000.0
+        views = []
+        for i in range(rng.randint(1, 6)):
+            held = rng.sample(names, rng.randint(1, 5))
+            residents = {
+                n: Resident(
+                    n,
+                    n,
+                    rng.choice(("resident", "resident", "loading")),
+                    now - rng.choice((0.0, 5.0, 60.0, 600.0)),
+                    rng.choice((0, 0, 1)),
+                    rng.choice((0, 1 << 20, 1 << 30)),
+                    rng.randint(0, 50),
+                )
+                for n in held
+            }
+            views.append(ReplicaView(f"r{i}", "p", True, 4, rng.randint(1, len(held)), residents, inflight=1))
+        name = rng.choice(names)
+        request = PlacementRequest(name, name, hot_targets={rng.choice(names): rng.randint(0, 2)})
+        got = p.pick(request, views, now)
+        want = SchedulerProfile.pick(p, request, [replace(v) for v in views], now)
+        assert outcome(got) == outcome(want)
+        evicted += bool(got.evict)
+    assert evicted > 50
