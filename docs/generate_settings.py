@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 from enum import Enum
@@ -147,7 +148,10 @@ def render() -> str:
 def main(argv: list[str]) -> int:
     text = render()
     if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
+        current = OUT.read_text() if OUT.exists() else ""
+        if current != text:
+            diff = difflib.unified_diff(current.splitlines(), text.splitlines(), "file", "classes", n=0)
+            print("\n".join(list(diff)[:40]), file=sys.stderr)
             print(f"{OUT} is out of date: run .venv/bin/python docs/generate_settings.py", file=sys.stderr)
             return 1
         return 0
