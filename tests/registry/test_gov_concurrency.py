@@ -1,0 +1,115 @@
+"""Concurrent approvals of one promotion request execute it once (SPEC §14), on PostgreSQL with
+parallel transactions: the approvers lock the adapter row, then the request row."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from kit import localservices as ls
+from kit.db import make_engine, make_session_factory, session_scope
+from kit.errors import LoraplaneError
+from registry import migrate
+from registry.auth import Principal
+from registry.services import adapters as adapter_svc
+from registry.services import base_models as base_svc
+from registry.services import promotions
+from registry.services.versions import register_version
+
+
+@pytest.fixture(scope="module")
+def pg_engine() -> Iterator[Engine]:
+    with ls.temp_pg_database("govconc") as url:
+        migrate.upgrade(url)
+        engine = make_engine(url, pool_size=20)
+        yield engine
+        engine.dispose()
+
+
+def _setup(factory: Any, adapter_id: str, required: int) -> str:
+    from registry.demo import demo_base_model
+
+    with session_scope(factory) as s:
+        if adapter_id == "c0":
+            base_svc.create_base_model(s, demo_base_model(), actor="t")
+        adapter_svc.create_adapter(
+            s, adapter_id=adapter_id, base_model="demo-base", owner="team-a", description=None, actor="t"
+        )
+        for i in range(2):
+            register_version(
+                s, adapter_id, rank=8, lora_alpha=16.0, target_modules=["q_proj"],
+                files=[{"name": "adapter_model.safetensors", "size": 1, "sha256": f"{i:064x}"}],
+                storage_uri=f"file:///x/{adapter_id}/{i}/", actor="t",
+            )  # fmt: skip
+    with session_scope(factory) as s:
+        promotions.promote_or_request(
+            s, adapter_id, "v1", canary_weight=None, force=False, actor="t", ttl_s=60
+        )
+        adapter_svc.update_adapter(s, adapter_id, {"approvals_required": required}, actor="t")
+    with session_scope(factory) as s:
+        out = promotions.promote_or_request(
+            s, adapter_id, "v2", canary_weight=None, force=False, actor="mia", ttl_s=60
+        )
+    assert out.promotion is not None
+    return out.promotion.id
+
+
+def _approve_all_at_once(factory: Any, pid: str, approvers: list[str]) -> list[str]:
+    barrier = threading.Barrier(len(approvers))
+    results: list[str] = []
+    lock = threading.Lock()
+
+    def approve(name: str) -> None:
+        barrier.wait()
+        try:
+            with session_scope(factory) as s:
+                out = promotions.approve(s, pid, Principal(name, "approver", ("team-a",)), comment=None)
+            outcome = out.promotion.status if out.promotion is not None else "?"
+        except LoraplaneError as e:
+            outcome = e.code
+        with lock:
+            results.append(outcome)
+
+    threads = [threading.Thread(target=approve, args=(n,)) for n in approvers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return sorted(results)
+
+
+@pytest.mark.parametrize(("adapter_id", "required", "approvers"), [("c0", 1, 8), ("c1", 2, 6)])
+def test_concurrent_approvals_execute_once(
+    pg_engine: Engine, adapter_id: str, required: int, approvers: int
+) -> None:
+    factory = make_session_factory(pg_engine)
+    pid = _setup(factory, adapter_id, required)
+    names = [f"appr{i}" for i in range(approvers)]
+    results = _approve_all_at_once(factory, pid, names)
+    assert results.count("executed") == 1, results
+    assert results.count("pending") == required - 1, results
+    assert results.count("promotion_not_pending") == approvers - required, results
+    with pg_engine.connect() as conn:
+        promoted = conn.execute(
+            text(
+                "SELECT count(*) FROM audit_events WHERE action = 'version.promoted' AND subject_id = :a "
+                "AND details::jsonb ? 'promotion_id'"
+            ),
+            {"a": adapter_id},
+        ).scalar()
+        executed = conn.execute(
+            text("SELECT count(*) FROM audit_events WHERE action = 'promotion.executed' AND subject_id = :a"),
+            {"a": adapter_id},
+        ).scalar()
+        active = conn.execute(
+            text("SELECT number FROM versions WHERE adapter_id = :a AND status = 'active'"), {"a": adapter_id}
+        ).all()
+        approvals = conn.execute(
+            text("SELECT approvals FROM promotion_requests WHERE id = :p"), {"p": pid}
+        ).scalar()
+    assert (promoted, executed, [r[0] for r in active]) == (1, 1, [2])
+    assert len(approvals) == required
