@@ -86,6 +86,7 @@ def test_bulk_disable_enable_selectors(gov_client: TestClient, factory: Any) -> 
 
 def test_bulk_bad_selectors(gov_client: TestClient) -> None:
     admin = gov_client
+    sel: dict[str, Any]
     for sel in ({}, {"owner": "x", "base_model": "y"}, {"adapters": []}, {"adapters": "a1"}, {"owner": ""},
                 {"promoted_since": "yesterday"}, {"tag": "x"}):  # fmt: skip
         error_of(admin.post(f"{V1}/bulk/rollback", json={"selector": sel}), 422, "invalid_request")

@@ -112,4 +112,4 @@ def test_concurrent_approvals_execute_once(
             text("SELECT approvals FROM promotion_requests WHERE id = :p"), {"p": pid}
         ).scalar()
     assert (promoted, executed, [r[0] for r in active]) == (1, 1, [2])
-    assert len(approvals) == required
+    assert isinstance(approvals, list) and len(approvals) == required
