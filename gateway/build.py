@@ -34,16 +34,10 @@ def snapshot_loader(engine: Engine) -> Callable[[], RoutingSnapshot]:
 
 
 def snapshot_applier(engine: Engine) -> ChangeApplier:
-    """A blocking callable that applies changed subjects to a snapshot (one read transaction)."""
-    from registry.services.snapshot import apply_changes
+    """Applies changed subjects to a snapshot (PostgreSQL: one statement on the event loop)."""
+    from gateway.snapshot_source import make_change_applier
 
-    factory = make_session_factory(engine)
-
-    def apply(base: RoutingSnapshot, subjects: frozenset[str], revision: int) -> RoutingSnapshot | None:
-        with session_scope(factory) as session:
-            return apply_changes(session, base, subjects, revision)
-
-    return apply
+    return make_change_applier(engine)
 
 
 def make_limiter(settings: GatewaySettings, redis: Any | None = None) -> Limiter:

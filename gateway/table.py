@@ -3,8 +3,9 @@
 ``RoutingTable(loader, feed=..., apply_changes=..., on_snapshot=...)`` loads the whole snapshot
 at start (``loader`` is a blocking callable, run on a thread of its own), then follows the
 change feed: each ``Change(revision, subjects)`` is queued, and the table applies the queued
-run of consecutive revisions with one ``apply_changes(snapshot, subjects, revision)`` call,
-which reads only those subjects' rows and returns a new snapshot sharing everything else.
+run of consecutive revisions with one ``await apply_changes(snapshot, subjects, revision)``
+call (``gateway.snapshot_source``), which reads only those subjects' rows and returns a new
+snapshot sharing everything else.
 Changes that arrive while one is applied are batched into the next call, and while changes
 keep coming the table applies at most once per ``batch_window_s`` (a change after a quiet spell
 is applied at once), so a burst of 1,000 changes becomes a few batched loads and swaps, not
@@ -36,8 +37,17 @@ log = logging.getLogger("loraplane.gateway.table")
 
 T = TypeVar("T")
 Loader = Callable[[], RoutingSnapshot]
-# (current snapshot, changed subjects, revision they bring it to) → new snapshot, or None: reload all
-ChangeApplier = Callable[[RoutingSnapshot, frozenset[str], int], RoutingSnapshot | None]
+
+
+class ChangeApplier(Protocol):
+    """(current snapshot, changed subjects, the revision they bring it to) → the new snapshot, or
+    None: reload the whole snapshot instead (``gateway.snapshot_source``)."""
+
+    async def __call__(
+        self, base: RoutingSnapshot, subjects: frozenset[str], revision: int
+    ) -> RoutingSnapshot | None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class Feed(Protocol):
@@ -103,6 +113,8 @@ class RoutingTable:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
+        if self._apply is not None:
+            await self._apply.aclose()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def notify(self, revision: int | None = None, subjects: frozenset[str] = EVERYTHING) -> None:
@@ -154,7 +166,7 @@ class RoutingTable:
                     continue
                 t0 = time.perf_counter()
                 try:
-                    snap = await self._in_thread(self._apply, base, subjects, last)
+                    snap = await self._apply(base, subjects, last)
                 except Exception as e:  # any registry failure keeps the last snapshot
                     self._failed(e)
                     return False

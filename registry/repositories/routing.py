@@ -1,12 +1,17 @@
 """The rows of a few routing subjects, for applying changes to a routing snapshot
 (``registry.services.snapshot.apply_changes``): adapters with their versions, tenants with
-their grants and live keys, base models — each by a list of ids, in chunked ``IN`` queries."""
+their grants and live keys, base models — each by a list of ids, in chunked ``IN`` queries
+through a session, or (PostgreSQL, ``subject_rows_pg``) all in one statement on an async
+psycopg connection, which is what a gateway uses to apply a change in one round trip."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
@@ -52,3 +57,58 @@ def grants(session: Session, tenant_ids: Sequence[str]) -> list[GrantRow]:
 def live_keys(session: Session, tenant_ids: Sequence[str]) -> list[ApiKeyRow]:
     q = sa.select(ApiKeyRow).where(ApiKeyRow.revoked_at.is_(None)).order_by(ApiKeyRow.key_id)
     return _rows(session, q, ApiKeyRow.tenant_id, tenant_ids)
+
+
+# One statement for every changed subject's rows (PostgreSQL): a single statement sees one
+# snapshot of the database, so no transaction (and no extra round trip) is needed.
+SUBJECT_ROWS_PG = """
+SELECT
+  (SELECT revision FROM registry_state WHERE id = 1),
+  (SELECT coalesce(json_agg(t), '[]') FROM base_models t WHERE name = ANY(%(base_models)s)),
+  (SELECT coalesce(json_agg(t), '[]') FROM adapters t WHERE id = ANY(%(adapters)s)),
+  (SELECT coalesce(json_agg(t ORDER BY adapter_id, number), '[]') FROM versions t
+     WHERE adapter_id = ANY(%(adapters)s)),
+  (SELECT coalesce(json_agg(t), '[]') FROM tenants t WHERE id = ANY(%(tenants)s)),
+  (SELECT coalesce(json_agg(t ORDER BY tenant_id, adapter_id), '[]') FROM grants t
+     WHERE tenant_id = ANY(%(tenants)s)),
+  (SELECT coalesce(json_agg(t ORDER BY key_id), '[]') FROM api_keys t
+     WHERE revoked_at IS NULL AND tenant_id = ANY(%(tenants)s)),
+  (SELECT coalesce(json_agg(t), '[]') FROM owners t WHERE %(owners)s)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SubjectRows:
+    """Rows of the changed subjects: ORM rows, or ``SimpleNamespace`` rows with the same attributes."""
+
+    revision: int
+    base_models: list[Any]
+    adapters: list[Any]
+    versions: list[Any]
+    tenants: list[Any]
+    grants: list[Any]
+    live_keys: list[Any]
+    owners: list[Any]  # every owner's row, read when any owner changed
+
+
+async def subject_rows_pg(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    adapters: Sequence[str],
+    tenants: Sequence[str],
+    base_models: Sequence[str],
+    owners: bool,
+) -> SubjectRows:
+    """Every row ``apply_changes`` needs for these subjects, in one round trip."""
+    params = {
+        "adapters": list(adapters),
+        "tenants": list(tenants),
+        "base_models": list(base_models),
+        "owners": owners,
+    }
+    cur = await conn.execute(SUBJECT_ROWS_PG, params)
+    row = await cur.fetchone()
+    assert row is not None
+    rev, *tables = row
+    ns = [[SimpleNamespace(**r) for r in t] for t in tables]
+    return SubjectRows(int(rev or 0), *ns)

@@ -7,6 +7,8 @@ subject's rows instead of the whole routing snapshot (``registry.services.snapsh
 
 from __future__ import annotations
 
+from urllib.parse import quote, unquote
+
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
@@ -26,14 +28,15 @@ def subject(kind: str, ident: str) -> str:
 
 
 def notice_payload(revision: int, subjects: tuple[str, ...] | frozenset[str] | list[str]) -> str:
-    """The change feed's message: ``"<revision> <subject> …"`` (ids are slugs: no spaces)."""
-    return " ".join([str(revision), *sorted(subjects)])
+    """The change feed's message: ``"<revision> <subject> …"``, each subject percent-encoded
+    (an owner name may hold spaces)."""
+    return " ".join([str(revision), *(quote(s, safe=":*") for s in sorted(subjects))])
 
 
 def parse_notice(payload: str) -> tuple[int, frozenset[str]]:
     """Inverse of ``notice_payload``; a bare revision (older writers) means ``*``. ValueError if bad."""
     head, *rest = payload.split()
-    return int(head), frozenset(rest or (ALL,))
+    return int(head), frozenset([unquote(s) for s in rest] or (ALL,))
 
 
 def current_revision(session: Session) -> int:

@@ -20,12 +20,12 @@ query sees the same committed state; on SQLite every transaction is ``BEGIN IMME
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import psycopg
 from sqlalchemy.orm import Session
 
 from kit.ids import version_name
-from registry.models import AdapterRow, ApiKeyRow, BaseModelRow, GrantRow, OwnerRow, TenantRow, VersionRow
 from registry.repositories import adapters as adapter_repo
 from registry.repositories import base_models as base_repo
 from registry.repositories import owners as owner_repo
@@ -57,13 +57,13 @@ def _read_transaction(session: Session) -> None:
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
 
 
-def _base_model(b: BaseModelRow) -> BaseModelInfo:
+def _base_model(b: Any) -> BaseModelInfo:
     return BaseModelInfo(
         name=b.name, hf_id=b.hf_id, max_lora_rank=b.max_lora_rank, target_modules=tuple(b.target_modules)
     )
 
 
-def _adapters(rows: Iterable[AdapterRow], version_rows: Iterable[VersionRow]) -> dict[str, AdapterInfo]:
+def _adapters(rows: Iterable[Any], version_rows: Iterable[Any]) -> dict[str, AdapterInfo]:
     adapter_rows = list(rows)
     base_of = {a.id: a.base_model for a in adapter_rows}
     versions: dict[str, dict[str, VersionInfo]] = {a.id: {} for a in adapter_rows}
@@ -98,11 +98,11 @@ def _adapters(rows: Iterable[AdapterRow], version_rows: Iterable[VersionRow]) ->
     }
 
 
-def _owners(rows: Iterable[OwnerRow]) -> dict[str, Limits]:
+def _owners(rows: Iterable[Any]) -> dict[str, Limits]:
     return {o.name: Limits(rpm=o.rpm, tpm=o.tpm, max_concurrency=o.max_concurrency) for o in rows}
 
 
-def _tenants(rows: Iterable[TenantRow], grant_rows: Iterable[GrantRow]) -> dict[str, TenantInfo]:
+def _tenants(rows: Iterable[Any], grant_rows: Iterable[Any]) -> dict[str, TenantInfo]:
     grants: dict[str, dict[str, GrantInfo]] = {}
     for g in grant_rows:
         grants.setdefault(g.tenant_id, {})[g.adapter_id] = GrantInfo(
@@ -120,7 +120,7 @@ def _tenants(rows: Iterable[TenantRow], grant_rows: Iterable[GrantRow]) -> dict[
     }
 
 
-def _key(k: ApiKeyRow) -> KeyInfo:
+def _key(k: Any) -> KeyInfo:
     return KeyInfo(key_id=k.key_id, tenant_id=k.tenant_id, prefix=k.prefix, key_hash=k.key_hash)
 
 
@@ -162,29 +162,57 @@ def apply_changes(
     if parts is None:
         return None
     _read_transaction(session)
-    if state_repo.current_revision(session) < revision:
+    adapters, tenants, names = parts[ADAPTER], parts[TENANT], parts[BASE_MODEL]
+    rows = routing_repo.SubjectRows(
+        revision=state_repo.current_revision(session),
+        base_models=routing_repo.base_models(session, names) if names else [],
+        adapters=routing_repo.adapters(session, adapters) if adapters else [],
+        versions=routing_repo.versions(session, adapters) if adapters else [],
+        tenants=routing_repo.tenants(session, tenants) if tenants else [],
+        grants=routing_repo.grants(session, tenants) if tenants else [],
+        live_keys=routing_repo.live_keys(session, tenants) if tenants else [],
+        # owners: few rows, all re-read on any owner change (an owner name may hold spaces,
+        # which the notice's subject list cannot carry whole)
+        owners=owner_repo.all_rows(session) if parts[OWNER] else [],
+    )
+    return with_rows(base, parts, rows, revision)
+
+
+async def apply_changes_pg(
+    conn: psycopg.AsyncConnection[Any], base: RoutingSnapshot, subjects: Iterable[str], revision: int
+) -> RoutingSnapshot | None:
+    """``apply_changes`` on an async psycopg connection (PostgreSQL): one statement, one round trip."""
+    parts = split_subjects(subjects)
+    if parts is None:
+        return None
+    rows = await routing_repo.subject_rows_pg(
+        conn,
+        adapters=parts[ADAPTER],
+        tenants=parts[TENANT],
+        base_models=parts[BASE_MODEL],
+        owners=bool(parts[OWNER]),
+    )
+    return with_rows(base, parts, rows, revision)
+
+
+def with_rows(
+    base: RoutingSnapshot, parts: dict[str, list[str]], rows: routing_repo.SubjectRows, revision: int
+) -> RoutingSnapshot | None:
+    """``base`` with the subjects of ``parts`` replaced by ``rows`` (absent rows: removed)."""
+    if rows.revision < revision:
         return None  # a notice from a database we do not read: never trust it
     base_models = base.base_models
     if parts[BASE_MODEL]:
-        base_models = _replace(
-            base_models,
-            parts[BASE_MODEL],
-            {b.name: _base_model(b) for b in routing_repo.base_models(session, parts[BASE_MODEL])},
-        )
+        fresh_models = {b.name: _base_model(b) for b in rows.base_models}
+        base_models = _replace(base_models, parts[BASE_MODEL], fresh_models)
     adapters = base.adapters
     if parts[ADAPTER]:
-        ids = parts[ADAPTER]
-        fresh = _adapters(routing_repo.adapters(session, ids), routing_repo.versions(session, ids))
-        adapters = _replace(adapters, ids, fresh)
+        adapters = _replace(adapters, parts[ADAPTER], _adapters(rows.adapters, rows.versions))
     tenants, keys_by_prefix = base.tenants, base.keys_by_prefix
     if parts[TENANT]:
-        ids = parts[TENANT]
-        fresh_tenants = _tenants(routing_repo.tenants(session, ids), routing_repo.grants(session, ids))
-        tenants = _replace(tenants, ids, fresh_tenants)
-        keys_by_prefix = _replace_keys(keys_by_prefix, set(ids), routing_repo.live_keys(session, ids))
-    # owners: few rows, all re-read on any owner change (an owner name may hold spaces, which
-    # the notice's subject list cannot carry whole)
-    owners = _owners(owner_repo.all_rows(session)) if parts[OWNER] else base.owners
+        tenants = _replace(tenants, parts[TENANT], _tenants(rows.tenants, rows.grants))
+        keys_by_prefix = _replace_keys(keys_by_prefix, set(parts[TENANT]), rows.live_keys)
+    owners = _owners(rows.owners) if parts[OWNER] else base.owners
     return RoutingSnapshot(
         revision=revision,
         base_models=base_models,
@@ -207,7 +235,7 @@ def _replace(old: dict[str, T], ids: Iterable[str], fresh: dict[str, T]) -> dict
 
 
 def _replace_keys(
-    old: dict[str, tuple[KeyInfo, ...]], tenant_ids: set[str], live: Iterable[ApiKeyRow]
+    old: dict[str, tuple[KeyInfo, ...]], tenant_ids: set[str], live: Iterable[Any]
 ) -> dict[str, tuple[KeyInfo, ...]]:
     """``old`` with every key of ``tenant_ids`` replaced by their live keys (order: key id)."""
     out = dict(old)

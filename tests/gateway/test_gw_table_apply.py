@@ -28,6 +28,7 @@ from registry.feed import PostgresNotifyFeed, bind_feed
 from registry.repositories import base_models as base_repo
 from registry.services import adapters as adapter_svc
 from registry.services import lifecycle
+from registry.services import owners as owner_svc
 from registry.services import tenants as tenant_svc
 from registry.services.base_models import create_base_model
 from registry.services.snapshot import load_snapshot
@@ -248,7 +249,7 @@ async def test_served_state_after_random_changes_equals_a_full_reload(
     stop = threading.Event()
 
     def op(s: Session) -> None:
-        kind = rng.randrange(12)
+        kind = rng.randrange(14)
         a, t = rng.choice(adapters), rng.choice(tenants)
         if kind == 0:
             lifecycle.promote(s, a, f"v{rng.randint(1, 3)}", actor="t")
@@ -290,6 +291,15 @@ async def test_served_state_after_random_changes_equals_a_full_reload(
                 tenant_svc.put_grant(s, t, a, rpm=rng.randint(1, 9), tpm=None, actor="t")
             else:
                 tenant_svc.delete_grant(s, t, a, actor="t")
+        elif kind == 12:  # an adapter's limits and owner (the owner's name may hold a space)
+            owner = rng.choice(["team a", "team-b"])
+            adapter_svc.update_adapter(
+                s, a, {"owner": owner, "limits": {"rpm": rng.randint(1, 50)}}, actor="t"
+            )
+        elif kind == 13:
+            owner_svc.put_owner_limits(
+                s, rng.choice(["team a", "team-b"]), {"tpm": rng.randint(100, 999)}, actor="t"
+            )
 
     def writer() -> int:
         done = 0
@@ -308,4 +318,8 @@ async def test_served_state_after_random_changes_equals_a_full_reload(
         assert done > 100
         await wait_revision(table, factory)
         assert table.reloads == 1 and table.gaps == 0 and table.applies > 0
-        assert table.snapshot == full(factory)
+        snap = table.snapshot
+        assert snap is not None and snap == full(factory)
+        assert snap.owners and any(
+            x.limits.rpm for x in snap.adapters.values()
+        )  # owners and limits were changed

@@ -110,7 +110,7 @@ async def test_registry_down_keeps_serving_last_snapshot(tmp_path) -> None:
         assert ready.status_code == 200
         body = ready.json()
         assert body["routing_table"]["stale"] is True and body["routing_table"]["last_error"]
-        assert any("stale routing snapshot" in x for x in body["reasons"])
+        assert any("stale routing snapshot" in x for x in body["warnings"])  # still ready (SPEC §17)
         await client.aclose()
         await gw.stop()
         gw_engine.dispose()

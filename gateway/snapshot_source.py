@@ -1,0 +1,91 @@
+"""How a gateway reads registry changes into its routing table (``gateway.table``).
+
+``make_change_applier(engine)`` → a ``ChangeApplier`` for ``RoutingTable(apply_changes=...)``:
+
+- PostgreSQL: ``PostgresChangeApplier`` keeps one async psycopg connection of its own and reads
+  every changed subject's rows in one statement (``registry.services.snapshot.
+  apply_changes_pg``) on the event loop: one round trip, no thread hop. On a busy gateway a
+  thread that reads through the ORM waits for the GIL at every round trip, which is where most
+  of a change's time went (see ``benchmarks/README.md``, propagation). Batches of more than
+  ``INLINE_MAX`` subjects are read on a thread instead, so a burst never stalls requests.
+- SQLite (``loraplane up``): ``ThreadedChangeApplier``, the same rows through a session on a
+  worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import psycopg
+from sqlalchemy import Engine
+
+from kit.db import make_session_factory, session_scope
+from registry.feed import libpq_dsn
+from registry.services.snapshot import apply_changes, apply_changes_pg
+from registry.snapshot import RoutingSnapshot
+
+APPLICATION_NAME = "loraplane-table"
+INLINE_MAX = 64  # subjects read on the event loop; more go to a thread (their records take CPU)
+
+
+class ThreadedChangeApplier:
+    """``apply_changes`` through a session of ``engine``, on a worker thread."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._factory = make_session_factory(engine)
+
+    def _apply(
+        self, base: RoutingSnapshot, subjects: frozenset[str], revision: int
+    ) -> RoutingSnapshot | None:
+        with session_scope(self._factory) as session:
+            return apply_changes(session, base, subjects, revision)
+
+    async def __call__(
+        self, base: RoutingSnapshot, subjects: frozenset[str], revision: int
+    ) -> RoutingSnapshot | None:
+        return await asyncio.to_thread(self._apply, base, subjects, revision)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class PostgresChangeApplier:
+    """One statement per batch on an async connection of its own (reconnects after an error)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._dsn = libpq_dsn(engine.url.render_as_string(hide_password=False))
+        self._threaded = ThreadedChangeApplier(engine)
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await psycopg.AsyncConnection.connect(
+                self._dsn, autocommit=True, connect_timeout=5, application_name=APPLICATION_NAME
+            )
+        return self._conn
+
+    async def __call__(
+        self, base: RoutingSnapshot, subjects: frozenset[str], revision: int
+    ) -> RoutingSnapshot | None:
+        if len(subjects) > INLINE_MAX:
+            return await self._threaded(base, subjects, revision)
+        conn = await self._connection()
+        try:
+            return await apply_changes_pg(conn, base, subjects, revision)
+        except psycopg.Error:
+            await self.aclose()  # the next batch reconnects; the table reloads meanwhile
+            raise
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+
+
+def make_change_applier(engine: Engine) -> PostgresChangeApplier | ThreadedChangeApplier:
+    if engine.dialect.name == "postgresql":
+        return PostgresChangeApplier(engine)
+    return ThreadedChangeApplier(engine)
