@@ -145,7 +145,7 @@ async def confirm_page(
     except LoraplaneError as e:
         return error_page(request, e, viewer)
     ctx = {"change": change, "preview": pv, "a": pv.before}
-    return render(request, "confirm.html", ctx, viewer=viewer, status=409 if pv.error else 200)
+    return render(request, "confirm.html", ctx, viewer=viewer, status=pv.error.status if pv.error else 200)
 
 
 @router.post("/adapters/{adapter_id}/act")

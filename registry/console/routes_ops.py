@@ -21,6 +21,7 @@ router = APIRouter()
 
 Opt = Annotated[str | None, Query()]
 GRID_PAGE = 60
+TRAFFIC_PAGE = 50
 
 
 @router.get("/replicas", response_class=HTMLResponse)
@@ -52,18 +53,24 @@ def _ms(v: float | None) -> str:
 
 
 @router.get("/traffic", response_class=HTMLResponse)
-def traffic_page(request: Request, viewer: Annotated[Viewer, Depends(signed_in)]) -> Response:
+def traffic_page(
+    request: Request, viewer: Annotated[Viewer, Depends(signed_in)], offset: int = 0
+) -> Response:
     """Per adapter and version over the retained window (at most an hour): requests, errors,
-    TTFT and ITL p50/p99, tokens/s, loads and cold-start waits, with small SVG charts."""
+    TTFT and ITL p50/p99, tokens/s, loads and cold-start waits, with small SVG charts; the
+    busiest first, 50 rows a page."""
     source = console_of(request).traffic
-    points = source.points()
-    rows = summarize(points)
-    window = points[-1].ts - points[0].ts if len(points) > 1 else 0.0
+    window = source.window()
+    offset = max(0, offset)
+    rows, total = summarize(window, limit=TRAFFIC_PAGE, offset=offset)
     ctx = {
         "rows": rows,
+        "total": total,
+        "offset": offset,
+        "page_size": TRAFFIC_PAGE,
         "source": source.description,
-        "window_min": window / 60,
-        "samples": len(points),
+        "window_min": window.seconds / 60,
+        "intervals": len(window.intervals),
         "ms": _ms,
         "spark": sparkline,
     }

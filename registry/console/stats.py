@@ -1,17 +1,17 @@
-"""Turn traffic samples into the traffic page's rows: totals and per-interval series.
+"""Turn a traffic window into the traffic page's rows: totals, quantiles and chart series.
 
-Pure functions of ``Sample`` lists (see :mod:`registry.console.traffic`), so they are tested
-without a gateway. Quantiles are estimated from histogram bucket deltas the way Prometheus'
-``histogram_quantile`` does (linear inside the bucket).
+Pure functions of a :class:`~registry.console.traffic.TrafficWindow`, so they are tested without
+a gateway. Only the rows on the page get chart series, downsampled to at most ``CHART_POINTS``
+points, so the page costs the same with ten series or a thousand.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 from dataclasses import dataclass
 
-from registry.console.traffic import Counters, Key, Sample
+from registry.console.traffic import Key, TrafficWindow, quantile
+
+CHART_POINTS = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,99 +27,58 @@ class TrafficRow:
     tokens_per_s: float
     loads: int
     cold_waits: int
-    requests_series: list[float]  # requests per interval
-    ttft_series: list[float | None]  # p50 TTFT per interval (None: no request)
+    requests_series: list[float]  # requests per chart point
+    ttft_series: list[float | None]  # median of the intervals' TTFT p50 per chart point
 
 
-def _delta(cur: float, prev: float) -> float:
-    return cur - prev if cur >= prev else cur  # a restarted process starts again from 0
+def _chunks(n: int, points: int) -> list[range]:
+    size = max(1, -(-n // points))
+    return [range(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def _bucket_delta(cur: dict[float, float], prev: dict[float, float]) -> dict[float, float]:
-    reset = any(cur.get(le, 0.0) < v for le, v in prev.items())
-    if reset:
-        return dict(cur)
-    return {le: v - prev.get(le, 0.0) for le, v in cur.items()}
-
-
-def quantile(q: float, buckets: dict[float, float]) -> float | None:
-    """``q``-quantile from cumulative bucket counts keyed by upper bound (``inf`` included)."""
-    if not buckets:
-        return None
-    bounds = sorted(buckets)
-    total = buckets[bounds[-1]]
-    if total <= 0:
-        return None
-    rank = q * total
-    lower, below = 0.0, 0.0
-    for le in bounds:
-        count = buckets[le]
-        if count >= rank:
-            if math.isinf(le):
-                return lower
-            inside = count - below
-            return lower + (le - lower) * ((rank - below) / inside if inside > 0 else 1.0)
-        lower, below = le, count
-    return lower
-
-
-def _add(into: dict[float, float], more: dict[float, float]) -> None:
-    for le, v in more.items():
-        into[le] = into.get(le, 0.0) + v
-
-
-def summarize(points: list[Sample]) -> list[TrafficRow]:
-    """One row per (adapter, version) seen in the window, busiest first."""
-    if len(points) < 2:
-        return []
-    keys: set[Key] = set()
-    for p in points:
-        keys.update(p.series)
-    empty = Counters()
+def summarize(window: TrafficWindow, *, limit: int = 50, offset: int = 0) -> tuple[list[TrafficRow], int]:
+    """Rows ``offset … offset+limit`` of the series seen in the window, busiest first, and how
+    many there are in all."""
+    ordered = sorted(window.totals.items(), key=lambda kv: (-kv[1].requests, kv[0]))
+    span = window.seconds or 1.0
+    chunks = _chunks(len(window.intervals), CHART_POINTS)
     rows = []
-    span = max(points[-1].ts - points[0].ts, 1e-9)
-    for key in keys:
-        req_series: list[float] = []
-        ttft_series: list[float | None] = []
-        totals = Counters()
-        for prev, cur in itertools.pairwise(points):
-            a, b = prev.series.get(key, empty), cur.series.get(key, empty)
-            n = _delta(b.requests, a.requests)
-            req_series.append(n)
-            totals.requests += n
-            totals.errors += _delta(b.errors, a.errors)
-            totals.tokens += _delta(b.tokens, a.tokens)
-            totals.loads += _delta(b.loads, a.loads)
-            totals.cold_waits += _delta(b.cold_waits, a.cold_waits)
-            ttft = _bucket_delta(b.ttft, a.ttft)
-            itl = _bucket_delta(b.itl, a.itl)
-            _add(totals.ttft, ttft)
-            _add(totals.itl, itl)
-            ttft_series.append(quantile(0.5, ttft))
-        if totals.requests == 0 and totals.loads == 0 and totals.cold_waits == 0:
-            continue
+    for key, t in ordered[offset : offset + limit]:
+        reqs, ttft = _series(window, key, chunks)
         rows.append(
             TrafficRow(
                 adapter=key[0],
                 version=key[1],
-                requests=round(totals.requests),
-                errors=round(totals.errors),
-                ttft_p50=quantile(0.5, totals.ttft),
-                ttft_p99=quantile(0.99, totals.ttft),
-                itl_p50=quantile(0.5, totals.itl),
-                itl_p99=quantile(0.99, totals.itl),
-                tokens_per_s=totals.tokens / span,
-                loads=round(totals.loads),
-                cold_waits=round(totals.cold_waits),
-                requests_series=req_series,
-                ttft_series=ttft_series,
+                requests=round(t.requests),
+                errors=round(t.errors),
+                ttft_p50=quantile(0.5, t.ttft),
+                ttft_p99=quantile(0.99, t.ttft),
+                itl_p50=quantile(0.5, t.itl),
+                itl_p99=quantile(0.99, t.itl),
+                tokens_per_s=t.tokens / span,
+                loads=round(t.loads),
+                cold_waits=round(t.cold_waits),
+                requests_series=reqs,
+                ttft_series=ttft,
             )
         )
-    rows.sort(key=lambda r: (-r.requests, r.adapter, r.version))
-    return rows
+    return rows, len(ordered)
 
 
-def sparkline(values: list[float | None], *, width: int = 160, height: int = 28) -> str:
+def _series(window: TrafficWindow, key: Key, chunks: list[range]) -> tuple[list[float], list[float | None]]:
+    """Requests summed, and the median of the intervals' TTFT medians, per chart point."""
+    points = [window.intervals[i].series.get(key) for i in range(len(window.intervals))]
+    reqs: list[float] = []
+    ttft: list[float | None] = []
+    for c in chunks:
+        got = [p for i in c if (p := points[i]) is not None]
+        reqs.append(sum(p[0] for p in got))
+        vals = sorted(v for _, v in got if v is not None)
+        ttft.append(vals[len(vals) // 2] if vals else None)
+    return reqs, ttft
+
+
+def sparkline(values: list[float] | list[float | None], *, width: int = 160, height: int = 28) -> str:
     """SVG ``polyline`` points for ``values`` (None drawn as 0), scaled to the box."""
     if not values:
         return ""

@@ -1,13 +1,15 @@
 """Traffic for the console's traffic page: per (adapter, version) counters over the last hour.
 
-``TrafficSource`` is the seam: ``points()`` returns the retained samples, oldest first. A sample
-holds cumulative counters per (adapter, version) at one instant; the page derives each
-interval's requests, errors, TTFT/ITL quantiles, tokens/s, loads and cold-start waits from the
-difference of consecutive samples, so a gateway restart (counters going back to zero) only
-costs one interval.
+``TrafficSource`` is the seam: ``window()`` returns what happened over the retained window — the
+totals per (adapter, version) and, per interval, each one's requests and median TTFT (for the
+charts). A sample holds cumulative counters read from Prometheus registries; each new sample
+becomes one ``Interval`` (its difference from the previous sample, so a process restart —
+counters back at zero — only costs one interval), and the window's totals are kept as a running
+sum (added when an interval enters the ring, subtracted when it leaves), so a page never walks
+an hour of samples for every series.
 
 - ``RingTraffic`` is the embedded default (``loraplane up``): a bounded ring (``capacity``
-  samples, default 360 = one hour at 10 s) filled by a daemon thread that reads Prometheus
+  intervals, default 360 = one hour at 10 s) filled by a daemon thread that reads the
   ``CollectorRegistry`` objects of the same process (the gateway's own registry and the global
   one, where the router counts loads). No Prometheus server is needed.
 - ``NoTraffic`` is used when the admin API runs without a gateway in its process; the page
@@ -16,12 +18,13 @@ costs one interval.
 Metric names read (the gateway's and router's public ``/metrics`` names):
 ``loraplane_gateway_requests_total``, ``loraplane_gateway_errors_total``,
 ``loraplane_gateway_ttft_seconds_bucket``, ``loraplane_gateway_inter_token_seconds_bucket``,
-``loraplane_gateway_tokens_total{kind="completion"}``, ``loraplane_adapter_loads_total``,
+``loraplane_gateway_tokens_total{kind="completion"}``, ``loraplane_adapter_loads_total{result="ok"}``,
 ``loraplane_cold_start_wait_seconds_count``.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -49,8 +52,30 @@ class Counters:
 
 @dataclass(frozen=True, slots=True)
 class Sample:
+    """Cumulative counters of every series at one instant."""
+
     ts: float  # unix seconds
     series: dict[Key, Counters]
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """What happened between two samples: per series, (requests, the interval's median TTFT)."""
+
+    ts: float  # end of the interval (unix seconds)
+    series: dict[Key, tuple[float, float | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficWindow:
+    start: float
+    end: float
+    totals: dict[Key, Counters]  # deltas summed over the window (buckets: per-bucket counts)
+    intervals: list[Interval]  # oldest first
+
+    @property
+    def seconds(self) -> float:
+        return max(self.end - self.start, 0.0)
 
 
 class TrafficSource(Protocol):
@@ -58,8 +83,8 @@ class TrafficSource(Protocol):
 
     description: str
 
-    def points(self) -> list[Sample]:
-        """Retained samples, oldest first (at most an hour's worth)."""
+    def window(self) -> TrafficWindow:
+        """The retained window (at most an hour)."""
         ...
 
 
@@ -69,8 +94,8 @@ class NoTraffic:
         "`loraplane up` (use Prometheus/Grafana for separate gateways)"
     )
 
-    def points(self) -> list[Sample]:
-        return []
+    def window(self) -> TrafficWindow:
+        return TrafficWindow(0.0, 0.0, {}, [])
 
 
 _BUCKET_FAMILIES = {
@@ -120,8 +145,70 @@ def read_registries(registries: Iterable[CollectorRegistry]) -> dict[Key, Counte
     return out
 
 
+def quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """``q``-quantile from cumulative bucket counts keyed by upper bound (``inf`` included),
+    linear inside the bucket as Prometheus' ``histogram_quantile``."""
+    if not buckets:
+        return None
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for le in bounds:
+        count = buckets[le]
+        if count >= rank:
+            if math.isinf(le):
+                return lower
+            inside = count - below
+            return lower + (le - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+        lower, below = le, count
+    return lower
+
+
+def _delta(cur: float, prev: float) -> float:
+    return cur - prev if cur >= prev else cur  # a restarted process starts again from 0
+
+
+def _bucket_delta(cur: dict[float, float], prev: dict[float, float]) -> dict[float, float]:
+    if any(cur.get(le, 0.0) < v for le, v in prev.items()):
+        return dict(cur)
+    return {le: v - prev.get(le, 0.0) for le, v in cur.items()}
+
+
+def difference(cur: Counters, prev: Counters) -> Counters:
+    """What happened between two cumulative readings of one series."""
+    return Counters(
+        requests=_delta(cur.requests, prev.requests),
+        errors=_delta(cur.errors, prev.errors),
+        tokens=_delta(cur.tokens, prev.tokens),
+        loads=_delta(cur.loads, prev.loads),
+        cold_waits=_delta(cur.cold_waits, prev.cold_waits),
+        ttft=_bucket_delta(cur.ttft, prev.ttft),
+        itl=_bucket_delta(cur.itl, prev.itl),
+    )
+
+
+def _add(into: Counters, d: Counters, sign: float) -> None:
+    into.requests += sign * d.requests
+    into.errors += sign * d.errors
+    into.tokens += sign * d.tokens
+    into.loads += sign * d.loads
+    into.cold_waits += sign * d.cold_waits
+    for le, v in d.ttft.items():
+        into.ttft[le] = into.ttft.get(le, 0.0) + sign * v
+    for le, v in d.itl.items():
+        into.itl[le] = into.itl.get(le, 0.0) + sign * v
+
+
+def _copy(c: Counters) -> Counters:
+    return Counters(c.requests, c.errors, c.tokens, c.loads, c.cold_waits, dict(c.ttft), dict(c.itl))
+
+
 class RingTraffic:
-    """Bounded in-process ring of samples read from Prometheus registries of this process."""
+    """Bounded in-process ring of intervals sampled from Prometheus registries of this process,
+    with the window's totals kept as a running sum."""
 
     description = "sampled in this process from the embedded gateway's metrics"
 
@@ -136,21 +223,59 @@ class RingTraffic:
         self._registries = list(registries)
         self.interval_s = interval_s
         self._clock = clock
-        self._ring: deque[Sample] = deque(maxlen=capacity)
+        self._capacity = capacity
+        self._ring: deque[tuple[Interval, dict[Key, Counters]]] = deque()
+        self._totals: dict[Key, Counters] = {}
+        self._last: Sample | None = None
+        self._start = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def sample(self) -> Sample:
-        """Take one sample now (the thread calls this every ``interval_s``)."""
-        s = Sample(self._clock(), read_registries(self._registries))
-        with self._lock:
-            self._ring.append(s)
-        return s
+    def sample(self) -> None:
+        """Read the registries now (the thread calls this every ``interval_s``)."""
+        self.add(Sample(self._clock(), read_registries(self._registries)))
 
-    def points(self) -> list[Sample]:
+    def add(self, sample: Sample) -> None:
+        """Take one cumulative reading: it closes the interval since the previous one."""
         with self._lock:
-            return list(self._ring)
+            prev, self._last = self._last, sample
+            if prev is None:
+                self._start = sample.ts
+                return
+            empty = Counters()
+            deltas = {
+                key: d
+                for key, cur in sample.series.items()
+                if (d := difference(cur, prev.series.get(key, empty))).requests
+                or d.loads
+                or d.cold_waits
+                or d.errors
+            }
+            interval = Interval(
+                ts=sample.ts, series={k: (d.requests, quantile(0.5, d.ttft)) for k, d in deltas.items()}
+            )
+            self._ring.append((interval, deltas))
+            for key, d in deltas.items():
+                _add(self._totals.setdefault(key, Counters()), d, 1.0)
+            while len(self._ring) > self._capacity:
+                old, old_deltas = self._ring.popleft()
+                self._start = old.ts
+                for key, d in old_deltas.items():
+                    total = self._totals[key]
+                    _add(total, d, -1.0)
+                    if max(total.requests, total.errors, total.loads, total.cold_waits) <= 0:
+                        del self._totals[key]
+
+    def window(self) -> TrafficWindow:
+        with self._lock:
+            end = self._last.ts if self._last is not None else self._start
+            return TrafficWindow(
+                start=self._start,
+                end=end,
+                totals={k: _copy(c) for k, c in self._totals.items()},
+                intervals=[i for i, _ in self._ring],
+            )
 
     def start(self) -> RingTraffic:
         if self._thread is None:

@@ -1,0 +1,102 @@
+"""Traffic ring and page rows, fed by the gateway's and router's real Prometheus metrics objects."""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import CollectorRegistry
+
+from gateway.metrics import GatewayMetrics
+from registry.console.stats import sparkline, summarize
+from registry.console.traffic import Counters, RingTraffic, Sample, quantile, read_registries
+from router.metrics import RouterMetrics
+
+
+def _serve(m: GatewayMetrics, adapter: str, version: str, n: int, ttft: float, tokens: int = 10) -> None:
+    for _ in range(n):
+        m.count("t1", adapter, version, "chat", 200, "")
+        s = m.series("t1", adapter, version)
+        s.ttft.observe(ttft)
+        s.itl.observe(ttft / 10)
+        s.completion_tokens.inc(tokens)
+
+
+def test_ring_reads_gateway_and_router_metrics_per_adapter_version() -> None:
+    gw = GatewayMetrics()
+    router_reg = CollectorRegistry()
+    rm = RouterMetrics(router_reg)
+    now = [1000.0]
+    ring = RingTraffic([gw.registry, router_reg], clock=lambda: now[0])
+    ring.sample()  # the baseline: no interval yet
+    _serve(gw, "support", "v1", 8, ttft=0.02)
+    _serve(gw, "support", "v2", 2, ttft=0.4)
+    gw.count("t2", "support", "v1", "chat", 429, "rate_limit_exceeded")
+    gw.count("t1", "", "", "chat", 200, "")  # bare base model: no adapter row
+    rm.loads.labels("http://r1", "support", "v2", "ok").inc()
+    rm.loads.labels("http://r1", "support", "v2", "timeout").inc()
+    rm.cold_wait.labels("support", "v2").observe(0.3)
+    now[0] += 10
+    ring.sample()
+
+    w = ring.window()
+    assert w.seconds == 10
+    rows, total = summarize(w)
+    assert total == 2
+    v1, v2 = rows  # busiest first
+    assert (v1.adapter, v1.version, v1.requests, v1.errors) == ("support", "v1", 9, 1)
+    assert (v2.requests, v2.errors, v2.loads, v2.cold_waits) == (2, 0, 1, 1)
+    assert v1.tokens_per_s == 8.0  # 80 completion tokens in 10 s
+    assert v1.ttft_p50 is not None and 0.01 < v1.ttft_p50 <= 0.025  # inside the 10–25 ms bucket
+    assert v2.ttft_p99 is not None and 0.25 < v2.ttft_p99 <= 0.5
+    assert v1.itl_p50 is not None and v1.itl_p50 <= 0.0025
+    assert v1.requests_series == [9.0]
+
+
+def test_counter_reset_costs_one_interval_and_old_intervals_leave_the_totals() -> None:
+    now = [0.0]
+    ring = RingTraffic([], capacity=3, clock=lambda: now[0])
+
+    def at(ts: float, requests: float) -> Sample:
+        buckets = {0.1: requests, math.inf: requests}
+        return Sample(ts, {("a", "v1"): Counters(requests=requests, ttft=buckets)})
+
+    ring.add(at(0, 100))  # baseline
+    ring.add(at(10, 110))  # +10
+    ring.add(at(20, 5))  # the gateway restarted: counts from 0 → +5
+    ring.add(at(30, 25))  # +20
+    w = ring.window()
+    assert w.totals[("a", "v1")].requests == 35
+    ring.add(at(40, 26))  # +1; the first interval (+10) leaves the ring
+    w = ring.window()
+    assert w.totals[("a", "v1")].requests == 26
+    assert (w.start, w.end) == (10, 40)
+    rows, _ = summarize(w)
+    assert rows[0].requests_series == [5.0, 20.0, 1.0]
+    ring.add(at(50, 26))
+    ring.add(at(60, 26))
+    ring.add(at(70, 26))  # a quiet hour later the series is gone
+    assert ring.window().totals == {}
+    assert summarize(ring.window()) == ([], 0)
+
+
+def test_quantile_matches_prometheus_histogram_quantile() -> None:
+    buckets = {0.1: 50.0, 0.5: 90.0, 1.0: 100.0, math.inf: 100.0}
+    assert quantile(0.5, buckets) == 0.1
+    assert quantile(0.7, buckets) == 0.1 + 0.4 * (20 / 40)
+    assert quantile(0.99, buckets) == 0.5 + 0.5 * (9 / 10)
+    assert quantile(0.5, {math.inf: 4.0, 1.0: 0.0}) == 1.0  # all above the last bound
+    assert quantile(0.5, {}) is None and quantile(0.5, {math.inf: 0.0}) is None
+
+
+def test_rows_are_paged_and_charts_downsampled() -> None:
+    ring = RingTraffic([], capacity=400)
+    for t in range(361):
+        series = {(f"a{k:03d}", "v1"): Counters(requests=float(t * (k + 1))) for k in range(120)}
+        ring.add(Sample(t * 10.0, series))
+    rows, total = summarize(ring.window(), limit=50, offset=50)
+    assert total == 120 and len(rows) == 50
+    assert rows[0].adapter == "a069"  # 51st busiest
+    assert len(rows[0].requests_series) == 60 and sum(rows[0].requests_series) == 360 * 70
+    points = sparkline(rows[0].requests_series).split()
+    assert len(points) == 60 and points[0].startswith("0.0,")
+    assert read_registries([]) == {}
