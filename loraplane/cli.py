@@ -6,11 +6,16 @@ Sub-apps (module attribute → command group):
   registry.cli:tenants_app       → loraplane tenants create|key|revoke|grant|limits|list
   registry.cli:base_models_app   → loraplane base-models add|list
   registry.cli:owners_app        → loraplane owners limits|show
+  registry.cli:principals_app    → loraplane principals create|list|show|update|token|revoke
+  registry.cli:promotions_app    → loraplane promotions list|show|approve|reject
+  registry.cli:bulk_app          → loraplane bulk rollback|disable|enable
 Single commands (module attribute → command):
   simulator.cli:simulate         → loraplane simulate --port P --model NAME …
   loraplane.up:up                → loraplane up
   loraplane.serve:serve          → loraplane serve --role registry|gateway|all
   router.agent:agent             → loraplane agent
+  registry.cli:login             → loraplane login --url … --token … [--context NAME]
+  registry.cli:whoami            → loraplane whoami
 """
 
 from __future__ import annotations
@@ -36,12 +41,17 @@ _GROUPS = [
     ("registry.cli", "tenants_app", "tenants"),
     ("registry.cli", "base_models_app", "base-models"),
     ("registry.cli", "owners_app", "owners"),
+    ("registry.cli", "principals_app", "principals"),
+    ("registry.cli", "promotions_app", "promotions"),
+    ("registry.cli", "bulk_app", "bulk"),
 ]
 _COMMANDS = [
     ("simulator.cli", "simulate", "simulate"),
     ("loraplane.up", "up", "up"),
     ("loraplane.serve", "serve", "serve"),
     ("router.agent", "agent", "agent"),
+    ("registry.cli", "login", "login"),
+    ("registry.cli", "whoami", "whoami"),
 ]
 
 

@@ -38,6 +38,8 @@ from urllib.parse import quote
 
 import httpx
 
+from registry.admin_client_governance import GovernanceCalls
+
 API_PREFIX = "/admin/v1"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8081"
 UPLOAD_CHUNK_BYTES = 1024 * 1024
@@ -194,8 +196,9 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
-class AdminClient:
-    """Synchronous client of ``/admin/v1``. Use as a context manager, or call :meth:`close`."""
+class AdminClient(GovernanceCalls):
+    """Synchronous client of ``/admin/v1``. Use as a context manager, or call :meth:`close`.
+    The governance calls (principals, promotions, bulk) come from :class:`GovernanceCalls`."""
 
     def __init__(
         self,

@@ -6,6 +6,10 @@
 - ``tenants_app``     → ``loraplane tenants create|list|show|key|revoke|grant|ungrant|limits``
 - ``base_models_app`` → ``loraplane base-models add|list|show``
 - ``owners_app``      → ``loraplane owners limits|show``
+- ``principals_app``  → ``loraplane principals create|list|show|update|token|revoke``
+- ``promotions_app``  → ``loraplane promotions list|show|approve|reject``
+- ``bulk_app``        → ``loraplane bulk rollback|disable|enable``
+- ``login``, ``whoami`` → ``loraplane login --url … --token … [--context NAME]``, ``loraplane whoami``
 
 Everything except ``db`` is a pure HTTP client of the admin API (:mod:`registry.admin_client`).
 """
@@ -13,8 +17,21 @@ Everything except ``db`` is a pure HTTP client of the admin API (:mod:`registry.
 from registry.cli import ops  # noqa: F401  (registers prewarm, replicas, audit on adapters_app)
 from registry.cli.adapters import adapters_app
 from registry.cli.base_models import base_models_app
+from registry.cli.bulk import bulk_app
 from registry.cli.db import db_app
+from registry.cli.governance import login, principals_app, promotions_app, whoami  # also `adapters approvals`
 from registry.cli.limits import owners_app  # also registers `adapters limits`
 from registry.cli.tenants import tenants_app
 
-__all__ = ["adapters_app", "base_models_app", "db_app", "owners_app", "tenants_app"]
+__all__ = [
+    "adapters_app",
+    "base_models_app",
+    "bulk_app",
+    "db_app",
+    "login",
+    "owners_app",
+    "principals_app",
+    "promotions_app",
+    "tenants_app",
+    "whoami",
+]

@@ -1,9 +1,11 @@
 """Shared plumbing of the registry CLI: global options, the admin client, error lines, output.
 
 Every command group takes ``--url`` (env ``LORAPLANE_ADMIN_URL``, default
-``http://127.0.0.1:8081``), ``--token`` (env ``LORAPLANE_ADMIN_TOKEN``) and ``--json``, both
-on the group (``loraplane adapters --json list``) and on each command
-(``loraplane adapters list --json``); the command's value wins.
+``http://127.0.0.1:8081``), ``--token`` (env ``LORAPLANE_ADMIN_TOKEN``), ``--context`` (env
+``LORAPLANE_CONTEXT``: credentials saved by ``loraplane login``) and ``--json``, both on the group
+(``loraplane adapters --json list``) and on each command (``loraplane adapters list --json``); the
+command's value wins. With no token anywhere, the credentials come from the current context or a
+local ``loraplane up`` (:mod:`registry.cli.contexts`).
 
 Commands are declared with :func:`admin_command`, which adds those three options (after the
 command's own) and hands the command the merged :class:`CliOptions`; :func:`emit` prints an
@@ -28,7 +30,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from registry.admin_client import DEFAULT_ADMIN_URL, AdminAPIError, AdminClient, AdminUnreachable
+from registry.admin_client import AdminAPIError, AdminClient, AdminUnreachable
+from registry.cli.contexts import ContextError, Credentials, resolve
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -46,27 +49,38 @@ TokenOpt = Annotated[
     str | None, typer.Option("--token", help="Admin bearer token [env LORAPLANE_ADMIN_TOKEN].")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer instead of tables.")]
+ContextOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--context", help="Credentials saved by `loraplane login --context NAME` [env LORAPLANE_CONTEXT]."
+    ),
+]
 
 
 @dataclass
 class CliOptions:
-    url: str = DEFAULT_ADMIN_URL
+    url: str | None = None
     token: str | None = None
     as_json: bool = False
+    context: str | None = None
 
 
 def group_callback(
     ctx: typer.Context,
     url: Annotated[
-        str, typer.Option("--url", envvar="LORAPLANE_ADMIN_URL", help="Admin API base URL.")
-    ] = DEFAULT_ADMIN_URL,
+        str | None, typer.Option("--url", envvar="LORAPLANE_ADMIN_URL", help="Admin API base URL.")
+    ] = None,
     token: Annotated[
         str | None, typer.Option("--token", envvar="LORAPLANE_ADMIN_TOKEN", help="Admin bearer token.")
     ] = None,
     as_json: JsonOpt = False,
+    context: Annotated[
+        str | None,
+        typer.Option("--context", envvar="LORAPLANE_CONTEXT", help="Credentials saved by `loraplane login`."),
+    ] = None,
 ) -> None:
     """Options shared by every command of the group."""
-    ctx.obj = CliOptions(url=url, token=token or None, as_json=as_json)
+    ctx.obj = CliOptions(url=url or None, token=token or None, as_json=as_json, context=context or None)
 
 
 def new_group(help_text: str) -> typer.Typer:
@@ -77,14 +91,30 @@ def new_group(help_text: str) -> typer.Typer:
     return app
 
 
-def options(ctx: typer.Context, url: str | None, token: str | None, as_json: bool) -> CliOptions:
+def options(
+    ctx: typer.Context, url: str | None, token: str | None, as_json: bool, context: str | None = None
+) -> CliOptions:
     """Merge a command's own options over the group's (which already include the env vars)."""
     base = ctx.obj if isinstance(ctx.obj, CliOptions) else CliOptions()
-    return CliOptions(url=url or base.url, token=token or base.token, as_json=as_json or base.as_json)
+    return CliOptions(
+        url=url or base.url,
+        token=token or base.token,
+        as_json=as_json or base.as_json,
+        context=context or base.context,
+    )
+
+
+def credentials(opts: CliOptions) -> Credentials:
+    """Flags and env first, then the named or current context, then a local ``loraplane up``."""
+    try:
+        return resolve(opts.url, opts.token, opts.context)
+    except ContextError as exc:
+        raise fail(str(exc)) from None
 
 
 def client(opts: CliOptions) -> AdminClient:
-    return AdminClient(opts.url, opts.token)
+    creds = credentials(opts)
+    return AdminClient(creds.url, creds.token)
 
 
 def err_console() -> Console:
@@ -125,6 +155,7 @@ _SHARED_PARAMS = [
     inspect.Parameter("url", inspect.Parameter.KEYWORD_ONLY, annotation=UrlOpt, default=None),
     inspect.Parameter("token", inspect.Parameter.KEYWORD_ONLY, annotation=TokenOpt, default=None),
     inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=JsonOpt, default=False),
+    inspect.Parameter("context", inspect.Parameter.KEYWORD_ONLY, annotation=ContextOpt, default=None),
 ]
 
 
@@ -147,9 +178,15 @@ def admin_command(app: typer.Typer, name: str) -> Callable[[Callable[..., None]]
 
         @functools.wraps(fn)
         def command(
-            ctx: typer.Context, *, url: str | None, token: str | None, as_json: bool, **kwargs: Any
+            ctx: typer.Context,
+            *,
+            url: str | None,
+            token: str | None,
+            as_json: bool,
+            context: str | None,
+            **kwargs: Any,
         ) -> None:
-            fn(options(ctx, url, token, as_json), **kwargs)
+            fn(options(ctx, url, token, as_json, context), **kwargs)
 
         # typer reads the parameters from the signature (and resolves hints from __annotations__)
         command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]

@@ -321,6 +321,14 @@ def promote(
     v = normalise_version(version)
     with client(opts) as admin:
         result = admin.promote(adapter, v, canary_weight=canary, force=force)
+    if "requested_by" in result:  # 202: approvals are required (SPEC §14)
+        n = result.get("approvals_required")
+        summary = (
+            f"promotion request {result['id']} pending: needs {n} approval(s) "
+            f"(loraplane promotions approve {result['id']})"
+        )
+        emit(opts, result, summary=summary)
+        return
     what = f"canary at {canary}%" if canary is not None else "active"
     _print_change(result, opts, f"{adapter} {v} is now {what}")
 

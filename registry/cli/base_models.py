@@ -94,6 +94,23 @@ def list_base_models(opts: CliOptions) -> None:
     )
 
 
+@admin_command(base_models_app, "update")
+def update(
+    opts: CliOptions,
+    name: Annotated[str, typer.Argument(help="Base model name.")],
+    approvals_required: Annotated[
+        int,
+        typer.Option(
+            "--approvals-required", min=0, help="Approvals a promotion of its adapters needs (0: none)."
+        ),
+    ],
+) -> None:
+    """Change a base model's approvals_required (the default of its adapters; admin only)."""
+    with client(opts) as admin:
+        result = admin.update_base_model(name, approvals_required=approvals_required)
+    emit(opts, result, summary=f"{name}: promotions of its adapters need {approvals_required} approval(s)")
+
+
 @admin_command(base_models_app, "show")
 def show(opts: CliOptions, name: Annotated[str, typer.Argument(help="Base model name.")]) -> None:
     """Describe a base model."""

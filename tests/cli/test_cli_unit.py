@@ -444,12 +444,16 @@ def test_groups_are_mounted_in_the_loraplane_cli() -> None:
         assert cmd in res.output
 
 
-def test_every_admin_command_takes_url_token_json_last() -> None:
+def test_every_admin_command_takes_url_token_json_context_last() -> None:
     """``admin_command`` appends the shared options after each command's own, with their help."""
     shared = {
         "url": (["--url"], "Admin API base URL [env LORAPLANE_ADMIN_URL, default http://127.0.0.1:8081]."),
         "token": (["--token"], "Admin bearer token [env LORAPLANE_ADMIN_TOKEN]."),
         "as_json": (["--json"], "Print the raw JSON answer instead of tables."),
+        "context": (
+            ["--context"],
+            "Credentials saved by `loraplane login --context NAME` [env LORAPLANE_CONTEXT].",
+        ),
     }
     for group, sub_app in (
         ("adapters", adapters_app),
@@ -459,7 +463,7 @@ def test_every_admin_command_takes_url_token_json_last() -> None:
         commands = typer.main.get_command(sub_app)
         assert isinstance(commands, typer.core.TyperGroup)
         for name, cmd in commands.commands.items():
-            last = cmd.params[-3:]
+            last = cmd.params[-4:]
             assert [p.name for p in last] == list(shared), f"{group} {name}"
             for p in last:
                 assert (p.opts, getattr(p, "help", None)) == shared[p.name], f"{group} {name} {p.name}"
