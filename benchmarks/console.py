@@ -2,8 +2,9 @@
 
 Builds a registry database (SQLite in a temp dir by default, ``--database-url`` for PostgreSQL)
 with ``--adapters`` adapters of two versions each (v1 active, every fifth with v2 as a 10 %
-canary, every tenth marked hot), ``--tenants`` tenants with keys and grants, and a replica
-directory of ``--replicas`` replicas holding 20 resident adapters each; then signs in to the
+canary, every tenth marked hot), 20 tenants with keys and grants, a replica directory of
+``--replicas`` replicas holding 20 resident adapters each, and a traffic ring holding a full
+hour (360 intervals) in which ``--traffic-series`` adapter versions all served; then signs in to the
 console in-process (``httpx.ASGITransport``: the server's own time, no network) and times each
 page ``--repeat`` times. Prints a table and writes ``benchmarks/results/console.json``.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import re
@@ -32,6 +34,8 @@ from sqlalchemy import Engine
 from kit.db import make_engine, make_session_factory, session_scope
 from registry import migrate
 from registry.api import create_admin_app
+from registry.console import set_traffic
+from registry.console.traffic import Counters, RingTraffic, Sample
 from registry.demo import demo_base_model
 from registry.services import adapters as adapter_svc
 from registry.services import lifecycle, tenants
@@ -119,12 +123,45 @@ def seed(engine: Engine, *, adapters: int, tenant_count: int = 20) -> None:
                 tenants.put_grant(s, tid, f"adapter-{n:04d}", rpm=None, tpm=None, actor="bench")
 
 
-def build_app(database_url: str, data_dir: Path, *, replicas: int, adapters: int) -> FastAPI:
+_LE = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, math.inf)
+
+
+def _counters(t: int, k: int) -> Counters:
+    n = t * (k % 7 + 1.0)
+    return Counters(
+        requests=n,
+        errors=float(t // 50),
+        tokens=t * 40.0,
+        loads=1.0,
+        ttft={le: n * min(1.0, (i + 1) / 8) for i, le in enumerate(_LE)},
+        itl={le: t * 20.0 * min(1.0, (i + 1) / 6) for i, le in enumerate(_LE)},
+    )
+
+
+def full_hour(series: int, *, intervals: int = 360, step_s: float = 10.0) -> RingTraffic:
+    """A traffic ring holding an hour of samples in which ``series`` adapter versions all served."""
+    ring = RingTraffic([], capacity=intervals)
+    for t in range(intervals + 1):
+        ring.add(
+            Sample(
+                t * step_s,
+                {(f"adapter-{k:04d}", "v1"): _counters(t, k) for k in range(series)},
+            )
+        )
+    return ring
+
+
+def build_app(
+    database_url: str, data_dir: Path, *, replicas: int, adapters: int, traffic_series: int = 0
+) -> FastAPI:
     settings = RegistrySettings(data_dir=data_dir, database_url=database_url, admin_token=SecretStr(TOKEN))
     migrate.upgrade(database_url)
     engine = make_engine(database_url)
     seed(engine, adapters=adapters)
-    return create_admin_app(settings, engine=engine, replica_directory=FakeDirectory(replicas, adapters))
+    app = create_admin_app(settings, engine=engine, replica_directory=FakeDirectory(replicas, adapters))
+    if traffic_series:
+        set_traffic(app, full_hour(traffic_series))
+    return app
 
 
 async def signed_in_client(app: FastAPI) -> httpx.AsyncClient:
@@ -163,16 +200,22 @@ def main() -> None:
     ap.add_argument("--adapters", type=int, default=1000)
     ap.add_argument("--replicas", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--traffic-series", type=int, default=1000, help="adapter versions with traffic all hour")
     ap.add_argument("--database-url", default=None, help="default: SQLite in a temp dir")
     ap.add_argument("--out", default="benchmarks/results/console.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="lp-console-bench-") as tmp:
         url = args.database_url or f"sqlite:///{tmp}/registry.db"
         t0 = time.perf_counter()
-        app = build_app(url, Path(tmp), replicas=args.replicas, adapters=args.adapters)
+        app = build_app(
+            url, Path(tmp), replicas=args.replicas, adapters=args.adapters, traffic_series=args.traffic_series
+        )
         seeded = time.perf_counter() - t0
         results = asyncio.run(time_pages(app, args.repeat))
-    print(f"{args.adapters} adapters, {args.replicas} replicas ({seeded:.1f} s to seed), {args.repeat} runs")
+    print(
+        f"{args.adapters} adapters, {args.replicas} replicas, {args.traffic_series} series with an hour "
+        f"of traffic ({seeded:.1f} s to seed), {args.repeat} runs"
+    )
     print(f"{'page':<58} {'p50 ms':>8} {'max ms':>8} {'KiB':>6}")
     for page, r in results.items():
         print(f"{page:<58} {r['p50_ms']:8.1f} {r['max_ms']:8.1f} {r['bytes'] / 1024:6.1f}")
@@ -186,6 +229,8 @@ def main() -> None:
                 "adapters": args.adapters,
                 "replicas": args.replicas,
                 "repeat": args.repeat,
+                "traffic_series": args.traffic_series,
+                "traffic_intervals": 360,
                 "database": "postgresql" if args.database_url else "sqlite",
                 "pages": results,
                 "slowest_p50_ms": worst,
