@@ -358,7 +358,15 @@ class Loader:
             self._metrics.unloads.labels(
                 replica=rep.url, adapter=adapter_id, version=version, reason=reason
             ).inc()
-            log.info("adapter unloaded", extra={"replica": rep.url, "lora_name": lora_name, "reason": reason})
+            log.info(
+                "adapter unloaded",
+                extra={
+                    "replica": rep.url,
+                    "lora_name": lora_name,
+                    "reason": reason,
+                    "gateway_process": self._cluster.pid,
+                },
+            )
             await self._audit_event(
                 "adapter.unloaded",
                 adapter_id,

@@ -90,7 +90,7 @@ class RouterSettings(LoraplaneSettings):
         "what a process that dies holds (in-flight marks, loads in progress) is released within this.",
     )
     mark_linger_s: float = Field(
-        default=2.0,
+        default=0.25,
         ge=0,
         description="How long an adapter stays marked in use on a replica after this process's last request "
         "there ends (saves a Redis round trip per request for back-to-back traffic).",

@@ -12,9 +12,10 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kit import localservices as ls
 from kit.procs import ManagedProcess, http_ready, wait_all_ready
@@ -32,8 +33,9 @@ class Platform:
     gateway_urls: list[str]
     admin: AdminClient
     workdir: Path
-    procs: list[ManagedProcess] = field(default_factory=list)
+    procs: list[ManagedProcess] = field(default_factory=list)  # the registry, then each gateway
     keys: dict[str, str] = field(default_factory=dict)
+    sim_urls: list[str] = field(default_factory=list)
 
     def upload(self, adapter_id: str, seed: int) -> str:
         d = self.workdir / f"src-{adapter_id}-{seed}"
@@ -49,22 +51,33 @@ class Platform:
 
 
 @contextlib.contextmanager
-def run_platform(s3: ls.S3Server, redis_url: str, *, gateways: int = 2) -> Iterator[Platform]:
+def run_platform(
+    s3: ls.S3Server,
+    redis_url: str,
+    *,
+    gateways: int = 2,
+    sims: int = 2,
+    sim_args: Sequence[str] = ("--zero-latency",),
+    env: Mapping[str, str] | None = None,
+    pool: Mapping[str, Any] | None = None,
+) -> Iterator[Platform]:
+    """The platform; ``sim_args`` are the simulators' flags, ``env`` extra settings of every
+    ``loraplane serve`` process, ``pool`` overrides of the replica pool's config."""
     from registry import migrate
     from simulator.procs import start_simulators, stop_all
 
     workdir = Path(tempfile.mkdtemp(prefix="lp-gwe2e-"))
     prefix = ls.unique_redis_prefix("gwe2e")
     bucket = s3.create_bucket()
-    sims = []
+    sim_procs = []
     procs: list[ManagedProcess] = []
     with ls.temp_pg_database("gwe2e") as pg:
         migrate.upgrade(pg)
         try:
-            sims = start_simulators(2, extra_args=["--zero-latency"])
+            sim_procs = start_simulators(sims, extra_args=list(sim_args))
             admin_port = ls.free_port()
             gw_ports = [ls.free_port() for _ in range(gateways)]
-            env = {
+            base_env = {
                 **os.environ,
                 "LORAPLANE_DATABASE_URL": pg,
                 "LORAPLANE_REDIS_URL": redis_url,
@@ -82,15 +95,17 @@ def run_platform(s3: ls.S3Server, redis_url: str, *, gateways: int = 2) -> Itera
                         {
                             "name": "sim",
                             "base_model": "demo-base",
-                            "urls": [p.url for p in sims],
+                            "urls": [p.url for p in sim_procs],
                             "max_loras": 4,
                             "max_adapters": 8,
+                            **(pool or {}),
                         }
                     ]
                 ),
                 "LORAPLANE_POLL_INTERVAL_S": "0.25",
                 "LORAPLANE_LOG_LEVEL": "WARNING",
                 "LORAPLANE_ADMIN_PORT": str(admin_port),
+                **(env or {}),
             }
             roles: list[tuple[str, dict[str, str]]] = [("registry", {})] + [
                 ("gateway", {"LORAPLANE_GATEWAY_PORT": str(p)}) for p in gw_ports
@@ -99,7 +114,7 @@ def run_platform(s3: ls.S3Server, redis_url: str, *, gateways: int = 2) -> Itera
                 argv = [sys.executable, "-m", "loraplane.cli", "serve", "--role", role]
                 log = workdir / f"{role}-{i}.log"
                 procs.append(
-                    ManagedProcess(argv, env={**env, **extra}, log_path=log, name=f"{role}-{i}").start()
+                    ManagedProcess(argv, env={**base_env, **extra}, log_path=log, name=f"{role}-{i}").start()
                 )
             admin_url = f"http://127.0.0.1:{admin_port}"
             gw_urls = [f"http://127.0.0.1:{p}" for p in gw_ports]
@@ -116,11 +131,11 @@ def run_platform(s3: ls.S3Server, redis_url: str, *, gateways: int = 2) -> Itera
             wait_all_ready(
                 [(p, http_ready(f"{u}/readyz")) for p, u in zip(procs[1:], gw_urls, strict=True)], 90
             )
-            yield Platform(admin_url, gw_urls, admin, workdir, procs)
+            yield Platform(admin_url, gw_urls, admin, workdir, procs, sim_urls=[p.url for p in sim_procs])
             admin.close()
         finally:
             stop_procs(procs, grace_s=10)
-            stop_all(sims)
+            stop_all(sim_procs)
             ls.flush_redis_prefix(redis_url, prefix)
             if os.environ.get("LORAPLANE_TEST_SHOW_LOGS"):
                 for p in procs:
