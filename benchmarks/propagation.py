@@ -4,7 +4,10 @@ Set-up: PostgreSQL (a fresh database, ``LISTEN/NOTIFY`` change feed), Redis (a f
 prefix), ``--replicas`` simulator replicas (zero latency), one ``loraplane serve --role
 registry`` process (the admin API) and ``--gateways`` ``loraplane serve --role gateway``
 processes, all real processes; artifacts on the local disk they share. One adapter with two
-versions, both made resident on the replicas before measuring.
+versions, both made resident on the replicas before measuring, in a registry of realistic size
+(``--registry-adapters`` other adapters with three versions each and ``--registry-tenants``
+tenants with a key and 20 grants each; default 1,000 and 200), so that reloading the whole
+table per change costs what it would in production.
 
 Load: steady traffic through every gateway (``--concurrency`` closed-loop connections per
 gateway, chat completions for ``demo-base:flip``, ``max_tokens`` 1). Meanwhile ``--flips``
@@ -223,11 +226,9 @@ def _delta(a: dict[str, Any], b: dict[str, Any], k: str) -> int | None:
     return int(a[k]) - int(b[k])
 
 
-def start_platform(
-    work: Path, pg: str, redis_prefix: str, sims: list[str], gateways: int, server_root: Path
-) -> tuple[list[ManagedProcess], str, list[str]]:
-    admin_port = ls.free_port()
-    gw_ports = [ls.free_port() for _ in range(gateways)]
+def platform_env(
+    work: Path, pg: str, redis_prefix: str, sims: list[str], server_root: Path
+) -> dict[str, str]:
     env = {
         **os.environ,
         "PYTHONPATH": str(server_root),
@@ -237,7 +238,7 @@ def start_platform(
         "LORAPLANE_ADMIN_TOKEN": TOKEN,
         "LORAPLANE_DATA_DIR": str(work / "data"),
         "LORAPLANE_STAGING_DIR": str(work / "staging"),
-        "LORAPLANE_ADMIN_PORT": str(admin_port),
+        "LORAPLANE_ADMIN_PORT": str(ls.free_port()),
         "LORAPLANE_POOLS": json.dumps(
             [{"name": "sim", "base_model": "demo-base", "urls": sims, "max_loras": 4, "max_adapters": 8}]
         ),
@@ -245,30 +246,89 @@ def start_platform(
     }
     for k in ("LORAPLANE_S3_BUCKET", "LORAPLANE_S3_ENDPOINT_URL"):
         env.pop(k, None)
+    return env
+
+
+CLI = [sys.executable, "-m", "loraplane.cli"]
+
+
+def start_registry(work: Path, env: dict[str, str], server_root: Path) -> tuple[ManagedProcess, str]:
     # the schema of the code that serves (``--server-root`` may be another checkout)
-    subprocess.run(
-        [sys.executable, "-m", "loraplane.cli", "db", "upgrade"], env=env, cwd=server_root, check=True
-    )
-    cli = [sys.executable, "-m", "loraplane.cli", "serve", "--role"]
-    procs = [
-        ManagedProcess(
-            [*cli, "registry"], env=env, cwd=server_root, log_path=work / "registry.log", name="registry"
-        ).start()
-    ]
-    for i, port in enumerate(gw_ports):
+    subprocess.run([*CLI, "db", "upgrade"], env=env, cwd=server_root, check=True)
+    proc = ManagedProcess(
+        [*CLI, "serve", "--role", "registry"],
+        env=env,
+        cwd=server_root,
+        log_path=work / "registry.log",
+        name="registry",
+    ).start()
+    admin_url = f"http://127.0.0.1:{env['LORAPLANE_ADMIN_PORT']}"
+    proc.wait_ready(http_ready(f"{admin_url}/admin/v1/healthz"), 120)
+    return proc, admin_url
+
+
+def start_gateways(
+    work: Path, env: dict[str, str], server_root: Path, n: int
+) -> tuple[list[ManagedProcess], list[str]]:
+    procs, urls = [], []
+    for i in range(n):
+        port = ls.free_port()
         procs.append(
             ManagedProcess(
-                [*cli, "gateway"],
+                [*CLI, "serve", "--role", "gateway"],
                 env={**env, "LORAPLANE_GATEWAY_PORT": str(port)},
                 cwd=server_root,
                 log_path=work / f"gateway-{i}.log",
                 name=f"gateway-{i}",
             ).start()
         )
-    admin_url = f"http://127.0.0.1:{admin_port}"
-    gw_urls = [f"http://127.0.0.1:{p}" for p in gw_ports]
-    procs[0].wait_ready(http_ready(f"{admin_url}/admin/v1/healthz"), 120)
-    return procs, admin_url, gw_urls
+        urls.append(f"http://127.0.0.1:{port}")
+    wait_all_ready([(p, http_ready(f"{u}/readyz")) for p, u in zip(procs, urls, strict=True)], 180)
+    return procs, urls
+
+
+def fill_registry(pg: str, adapters: int, tenants: int) -> None:
+    """A registry of realistic size around the flipped adapter: ``adapters`` adapters with three
+    versions each (v2 active), ``tenants`` tenants with a key and grants on 20 adapters each.
+    Written with plain SQL (fast, and the same on an older schema); never served."""
+    import psycopg
+
+    from registry.feed import libpq_dsn
+
+    files = json.dumps([{"name": "adapter_model.safetensors", "size": 1 << 20, "sha256": "0" * 64}])
+    with psycopg.connect(libpq_dsn(pg)) as conn, conn.cursor() as cur:
+        ids = [f"fill-{i:05d}" for i in range(adapters)]
+        cur.executemany(
+            "INSERT INTO adapters (id, base_model, owner, status, active_version, hot, created_at) "
+            "VALUES (%s, 'demo-base', 'fill', 'active', 2, false, now())",
+            [(a,) for a in ids],
+        )
+        cur.executemany(
+            "INSERT INTO versions (adapter_id, number, status, rank, lora_alpha, target_modules, files, "
+            "storage_uri, quality_gate, created_by, created_at) "
+            "VALUES (%s, %s, %s, 8, 16, '[\"q_proj\", \"v_proj\"]', %s, %s, 'skipped', 'bench', now())",
+            [
+                (a, n, {1: "retired", 2: "active", 3: "ready"}[n], files, f"file:///nowhere/{a}/{n}/")
+                for a in ids
+                for n in (1, 2, 3)
+            ],
+        )
+        tids = [f"fill-t{i:04d}" for i in range(tenants)]
+        cur.executemany(
+            "INSERT INTO tenants (id, name, rpm, base_model_access, created_at) "
+            "VALUES (%s, %s, 600, false, now())",
+            [(t, t) for t in tids],
+        )
+        cur.executemany(
+            "INSERT INTO api_keys (key_id, tenant_id, prefix, key_hash, created_at) "
+            "VALUES (%s, %s, %s, %s, now())",
+            [(f"k-{t}", t, f"lp-{i:06d}", f"{i:064x}") for i, t in enumerate(tids)],
+        )
+        cur.executemany(
+            "INSERT INTO grants (tenant_id, adapter_id) VALUES (%s, %s)",
+            [(t, ids[(i * 20 + j) % len(ids)]) for i, t in enumerate(tids) for j in range(min(20, len(ids)))],
+        )
+        cur.execute("UPDATE registry_state SET revision = revision + 1 WHERE id = 1")
 
 
 def seed(admin_url: str, work: Path) -> str:
@@ -324,6 +384,8 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=2, help="connections per gateway")
     ap.add_argument("--gap-ms", type=float, default=100.0, help="mean pause between flips")
+    ap.add_argument("--registry-adapters", type=int, default=1000, help="other adapters in the registry")
+    ap.add_argument("--registry-tenants", type=int, default=200, help="other tenants (key + 20 grants each)")
     ap.add_argument("--server-root", default=str(ROOT))
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "propagation.json"))
@@ -338,13 +400,14 @@ def main() -> None:
     sims = start_simulators(args.replicas, extra_args=["--zero-latency", "--max-loras", "4"])
     try:
         with ls.temp_pg_database("benchprop") as pg:
-            procs, admin_url, gw_urls = start_platform(
-                work, pg, prefix, [p.url for p in sims], args.gateways, server_root
-            )
+            env = platform_env(work, pg, prefix, [p.url for p in sims], server_root)
+            reg, admin_url = start_registry(work, env, server_root)
+            procs.append(reg)
             key = seed(admin_url, work)
-            wait_all_ready(
-                [(p, http_ready(f"{u}/readyz")) for p, u in zip(procs[1:], gw_urls, strict=True)], 120
-            )
+            if args.registry_adapters:
+                fill_registry(pg, args.registry_adapters, args.registry_tenants)
+            gws, gw_urls = start_gateways(work, env, server_root, args.gateways)
+            procs += gws
             log(f"{args.gateways} gateways ready; warming both versions …")
             asyncio.run(warm(admin_url, gw_urls, key))
             log(f"{args.flips} flips under steady traffic ({args.concurrency} connections per gateway) …")
@@ -372,6 +435,8 @@ def main() -> None:
             "concurrency_per_gateway": args.concurrency,
             "flips": args.flips,
             "gap_ms": args.gap_ms,
+            "registry_adapters": args.registry_adapters,
+            "registry_tenants": args.registry_tenants,
             "feed": "postgres LISTEN/NOTIFY",
             "server_root": str(server_root),
         },
