@@ -7,7 +7,8 @@
 Modules: ``web`` (templates, security headers, signed-in viewer, CSRF), ``session`` (signed
 cookie), ``routes_auth`` (sign-in/out), ``routes_adapters`` (adapters, adapter, confirmed
 changes), ``changes`` (actions and their rolled-back previews), ``routes_ops`` (replicas,
-traffic, tenants, audit), ``replica_view``, ``traffic`` and ``stats`` (traffic samples and rows).
+traffic, tenants, audit), ``routes_approvals`` (promotion requests), ``replica_view``,
+``traffic`` and ``stats`` (traffic samples and rows).
 Actions call the same ``registry.services`` functions as the admin API's routes.
 """
 
@@ -19,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 
-from registry.console import routes_adapters, routes_auth, routes_ops
+from registry.console import routes_adapters, routes_approvals, routes_auth, routes_ops
 from registry.console.session import SessionCodec, console_secret
 from registry.console.traffic import NoTraffic, RingTraffic, TrafficSource
 from registry.console.web import BASE, HERE, ConsoleState, SignInRequired, redirect
@@ -33,7 +34,7 @@ def install_console(app: FastAPI) -> None:
         traffic=NoTraffic(),
         secure_cookies=os.environ.get("LORAPLANE_CONSOLE_SECURE_COOKIES", "") in ("1", "true", "yes"),
     )
-    for module in (routes_auth, routes_adapters, routes_ops):
+    for module in (routes_auth, routes_adapters, routes_ops, routes_approvals):
         app.include_router(module.router, prefix=BASE, include_in_schema=False)
     app.mount(BASE + "/static", StaticFiles(directory=str(HERE / "static")), name="console-static")
 

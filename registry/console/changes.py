@@ -1,6 +1,8 @@
 """The console's state changes: what each button does, and exactly what it will change.
 
-An action runs the same service function the admin API's route runs (``registry.services``).
+An action runs the same service function the admin API's route runs (``registry.services``):
+promote and canary go through ``promotions.promote_or_request``, so an adapter that needs
+approvals gets a pending promotion request, exactly as ``POST …/promote`` answers 202.
 The confirmation page previews it by running that function in a transaction that is rolled back
 (nothing is committed, audited or published) and describing the difference between the adapter
 before and after — so the preview never re-implements the state machine's rules, and a change
@@ -19,6 +21,8 @@ from kit.errors import InvalidRequest, LoraplaneError
 from registry.api.deps import AdminState, write
 from registry.services import adapters as adapter_svc
 from registry.services import lifecycle
+from registry.services import promotions as promo_svc
+from registry.services.promotions import PromotionRecord
 from registry.services.records import AdapterRecord
 
 
@@ -72,20 +76,44 @@ def parse(action: str, adapter_id: str, version: str | None, weight: str | None)
     return Change(act, adapter_id, version if act.needs_version else None, w)
 
 
-def _runner(req: Change, actor: str) -> Callable[[Session], AdapterRecord]:
+@dataclass(frozen=True, slots=True)
+class Done:
+    """What a change did: the adapter afterwards, or the promotion request it recorded instead."""
+
+    adapter: AdapterRecord | None
+    promotion: PromotionRecord | None = None
+
+
+def _runner(st: AdminState, req: Change, actor: str) -> Callable[[Session], Done]:
     a, v = req.adapter_id, req.version or ""
     name = req.action.name
-    if name == "promote":
-        return lambda s: lifecycle.promote(s, a, v, canary_weight=None, force=False, actor=actor)
-    if name == "canary":
-        return lambda s: lifecycle.promote(s, a, v, canary_weight=req.weight, force=False, actor=actor)
+    if name in ("promote", "canary"):
+        weight = req.weight if name == "canary" else None
+        ttl = st.settings.promotion_ttl_s
+
+        def promote(s: Session) -> Done:
+            out = promo_svc.promote_or_request(
+                s, a, v, canary_weight=weight, force=False, actor=actor, ttl_s=ttl
+            )
+            return Done(out.adapter, out.promotion)
+
+        return promote
     if name == "rollback":
-        return lambda s: lifecycle.rollback(s, a, actor=actor)
+        return lambda s: Done(lifecycle.rollback(s, a, actor=actor))
     if name == "disable":
-        return lambda s: lifecycle.set_adapter_enabled(s, a, False, actor=actor)
+        return lambda s: Done(lifecycle.set_adapter_enabled(s, a, False, actor=actor))
     if name == "enable":
-        return lambda s: lifecycle.set_adapter_enabled(s, a, True, actor=actor)
-    return lambda s: lifecycle.disable_version(s, a, v, actor=actor)
+        return lambda s: Done(lifecycle.set_adapter_enabled(s, a, True, actor=actor))
+    return lambda s: Done(lifecycle.disable_version(s, a, v, actor=actor))
+
+
+def requested(p: PromotionRecord) -> str:
+    what = f"{p.version} as a {p.canary_weight} % canary" if p.canary_weight is not None else p.version
+    return (
+        f"Nothing served changes yet: a promotion request for {what} is recorded ({p.id}). It runs "
+        f"once {p.approvals_required} approver(s) other than {p.requested_by} approve it, "
+        f"before {p.expires_at:%Y-%m-%d %H:%M} UTC."
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,18 +129,21 @@ def preview(st: AdminState, req: Change, actor: str) -> Preview:
     try:
         before = adapter_svc.describe_adapter(session, req.adapter_id)
         try:
-            after = _runner(req, actor)(session)
+            done = _runner(st, req, actor)(session)
         except LoraplaneError as e:
             return Preview(before, [], e)
-        return Preview(before, describe_change(before, after), None)
+        if done.promotion is not None:
+            return Preview(before, [requested(done.promotion)], None)
+        assert done.adapter is not None
+        return Preview(before, describe_change(before, done.adapter), None)
     finally:
         session.rollback()
         session.close()
 
 
-def apply(st: AdminState, req: Change, actor: str) -> AdapterRecord:
+def apply(st: AdminState, req: Change, actor: str) -> Done:
     """Make the change for real: one transaction with its audit event, then publish."""
-    return write(st, _runner(req, actor))
+    return write(st, _runner(st, req, actor))
 
 
 def _served(rec: AdapterRecord) -> str:

@@ -163,12 +163,18 @@ async def act(
         )
         rec = await anyio.to_thread.run_sync(_get, st, adapter_id)
         viewer.require(change.action.permission, rec.owner)
-        await anyio.to_thread.run_sync(lambda: changes.apply(st, change, viewer.id))
+        done = await anyio.to_thread.run_sync(lambda: changes.apply(st, change, viewer.id))
     except LoraplaneError as e:
         return error_page(request, e, viewer)
     what = change.action.label + (f" {change.version}" if change.version else "")
     if change.weight is not None:
         what += f" at {change.weight} %"
+    if done.promotion is not None:
+        p = done.promotion
+        return redirect(
+            f"/adapters/{adapter_id}",
+            done=f"{what}: requested ({p.id}), waiting for {p.approvals_required} approval(s)",
+        )
     return redirect(f"/adapters/{adapter_id}", done=f"{what}: done")
 
 

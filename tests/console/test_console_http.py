@@ -18,7 +18,9 @@ from benchmarks.console import PAGES, TOKEN, build_app
 from kit.db import session_scope
 from registry.api.deps import AdminState
 from registry.console.session import SessionCodec
+from registry.services import adapters as adapter_svc
 from registry.services import audit as audit_svc
+from registry.services import principals as principal_svc
 
 CONSOLE = "/admin/ui"
 
@@ -200,3 +202,41 @@ def test_pages_stay_fast_with_1000_adapters_and_50_replicas(tmp_path: Path) -> N
             assert statistics.median(times) < 1.0, (page, times)
         grid = client.get(f"{CONSOLE}/replicas").text
         assert grid.count('<th scope="col" title="http://10.0.') == 50  # every replica is a column
+
+
+def test_promote_with_approvals_records_a_request_and_another_principal_approves_it(
+    app: FastAPI, client: TestClient
+) -> None:
+    st: AdminState = app.state.admin
+    with session_scope(st.factory) as s:
+        adapter_svc.update_adapter(s, "adapter-0007", {"approvals_required": 1}, actor="test")
+        principal_svc.create_principal(
+            s, principal_id="approver-7", role="approver", owners=["team-7"], actor="t"
+        )
+        approver_token = principal_svc.issue_token(s, "approver-7", actor="test").token
+    _sign_in(client)
+    r = client.get(f"{CONSOLE}/adapters/adapter-0007/confirm?action=promote&version=v2")
+    assert "Nothing served changes yet: a promotion request for v2 is recorded" in r.text
+    page = client.get(f"{CONSOLE}/adapters/adapter-0007").text
+    r = client.post(
+        f"{CONSOLE}/adapters/adapter-0007/act",
+        data={"csrf": _csrf(page), "action": "promote", "version": "v2"},
+    )
+    assert "requested (pr-" in r.text and "waiting for 1 approval(s)" in r.text
+    assert 'id="active-version">v1' in r.text
+    inbox = client.get(f"{CONSOLE}/approvals?adapter_id=adapter-0007").text
+    assert "you requested this promotion: another approver must approve it" in inbox
+    promotion = re.search(r'data-promotion="(pr-[^"]+)"', inbox)
+    assert promotion is not None
+    with TestClient(app) as other:
+        _sign_in(other, approver_token)
+        inbox = other.get(f"{CONSOLE}/approvals?adapter_id=adapter-0007").text
+        assert f"Approve {promotion.group(1)}</button>" in inbox
+        r = other.post(
+            f"{CONSOLE}/approvals/{promotion.group(1)}/approve", data={"csrf": _csrf(inbox), "comment": "ok"}
+        )
+        assert r.status_code == 200 and f"{promotion.group(1)}: executed" in r.text
+        # an approver may not promote by itself: the button is disabled with the reason
+        page = other.get(f"{CONSOLE}/adapters/adapter-0007").text
+        assert 'id="active-version">v2' in page
+        assert "needs adapter.promote" in page
