@@ -11,8 +11,11 @@ keep coming the table applies at most once per ``batch_window_s`` (a change afte
 is applied at once), so a burst of 1,000 changes becomes a few batched loads and swaps, not
 1,000. The whole snapshot is reloaded
 instead when a revision is missing (a notice never arrived), after a feed reconnect or a
-``*`` change, when ``apply_changes`` declines (returns None) or is not given, and every
-``refresh_s`` as a safety net. Each new snapshot goes to ``on_snapshot`` (the router's
+``*`` change, and when ``apply_changes`` declines (returns None) or is not given. Every
+``refresh_s`` a safety-net reload runs *beside* the change path (a whole load of a large
+registry takes long; changes keep being applied meanwhile) and is installed only if nothing
+newer was applied; a table that differs from it at the same revision is counted (``drifts``)
+and replaced. Each new snapshot goes to ``on_snapshot`` (the router's
 ``update_snapshot``). When the registry database is unreachable the table keeps serving the
 last snapshot, marks itself ``stale`` (shown in /readyz), logs once per transition and
 reloads every ``retry_s`` until it is back.
@@ -82,6 +85,7 @@ class RoutingTable:
         self.applies = 0  # incremental applies (each one batch of consecutive changes)
         self.changes_applied = 0  # revisions applied incrementally
         self.gaps = 0  # whole reloads because a revision was missing from the feed
+        self.drifts = 0  # safety-net reloads that found the table wrong at the same revision
         self.changed_at: float | None = None  # time.time() when a new revision was installed
         self.notified_at: float | None = None  # time.time() of the last change-feed notification
         self.load_ms: float | None = None  # how long the last whole load took
@@ -103,6 +107,7 @@ class RoutingTable:
         """First load (not fatal if the registry is down: the table stays not-ready), then follow."""
         await self.reload()
         self._tasks.append(asyncio.create_task(self._run(), name="table-apply"))
+        self._tasks.append(asyncio.create_task(self._refresh_loop(), name="table-refresh"))
         if self._feed is not None:
             self._tasks.append(asyncio.create_task(self._feed_loop(), name="table-feed"))
 
@@ -203,6 +208,7 @@ class RoutingTable:
             "applies": self.applies,
             "changes_applied": self.changes_applied,
             "gaps": self.gaps,
+            "drifts": self.drifts,
         }
 
     # ------------------------------------------------------------------ internals
@@ -254,14 +260,50 @@ class RoutingTable:
 
     async def _run(self) -> None:
         while True:
-            wait = self._retry_s if self.stale or self.snapshot is None else self._refresh_s
-            try:
-                async with asyncio.timeout(wait):
-                    await self._wanted.wait()
-            except TimeoutError:
-                self._full = True  # the safety net (or the retry while the registry is down)
+            if self.stale or self.snapshot is None:
+                try:
+                    async with asyncio.timeout(self._retry_s):
+                        await self._wanted.wait()
+                except TimeoutError:
+                    self._full = True  # retry while the registry is down
+            else:
+                await self._wanted.wait()
             self._wanted.clear()
             await self.catch_up()
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            if self.snapshot is not None and not self.stale:  # else ``_run`` is retrying already
+                await self.refresh()
+
+    async def refresh(self) -> None:
+        """The safety net: load the whole snapshot *without* holding up changes meanwhile, then
+        install it unless changes applied during the load are newer. If it differs from the
+        table at the same revision, an incremental apply went wrong: say so and replace it."""
+        t0 = time.perf_counter()
+        try:
+            snap = await self._in_thread(self._loader)
+        except Exception as e:  # any registry failure keeps the last snapshot
+            self._failed(e)
+            self._wanted.set()  # ``_run`` retries every ``retry_s``
+            return
+        async with self._lock:
+            current = self.snapshot
+            if current is not None and snap.revision < current.revision:
+                return  # changes were applied meanwhile; the next refresh checks again
+            if current is not None and snap.revision == current.revision and snap != current:
+                self.drifts += 1
+                log.warning(
+                    "routing table differed from the registry; replaced", extra={"revision": snap.revision}
+                )
+            self.load_ms = round((time.perf_counter() - t0) * 1000, 2)
+            self.reloads += 1
+            if current is not None and snap.revision == current.revision and snap == current:
+                self.loaded_at = time.time()  # nothing new: keep the old object (no router update)
+                return
+            await self._install(snap)
+        self._wanted.set()  # apply what queued up behind the load
 
     async def _feed_loop(self) -> None:
         assert self._feed is not None

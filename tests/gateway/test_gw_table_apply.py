@@ -1,11 +1,13 @@
 """The routing table applies registry changes incrementally (real PostgreSQL, LISTEN/NOTIFY):
 one adapter's change re-reads only that adapter, a missed revision reloads everything, a burst
-of 1,000 changes is coalesced, and after many random changes the table equals a full load."""
+of 1,000 changes is coalesced, after many random changes the table equals a full load, and the
+safety-net reload neither holds up changes nor misses a table that went wrong."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import random
 import threading
@@ -323,3 +325,60 @@ async def test_served_state_after_random_changes_equals_a_full_reload(
         assert snap.owners and any(
             x.limits.rpm for x in snap.adapters.values()
         )  # owners and limits were changed
+
+
+class Slow(Counted):
+    """The real loader, slowed down after the first load (a large registry on a busy database)."""
+
+    def __init__(self, engine: Engine, delay_s: float) -> None:
+        super().__init__(engine)
+        self.delay_s = delay_s
+        self.started = threading.Event()
+
+    def __call__(self) -> RoutingSnapshot:
+        if self.calls:
+            self.started.set()
+            time.sleep(self.delay_s)
+        return super().__call__()
+
+
+async def test_the_safety_net_reload_does_not_hold_up_changes_and_repairs_drift(
+    engine: Engine, pg_db: str, channel: str
+) -> None:
+    factory = make_session_factory(engine)
+    seed(factory, "net", 3)
+    loader = Slow(engine, delay_s=4.0)
+    table = RoutingTable(
+        loader,
+        feed=PostgresNotifyFeed(pg_db, channel=channel),
+        apply_changes=snapshot_applier(engine),
+        refresh_s=0.3,
+    )
+    await table.start()
+    try:
+        async with asyncio.timeout(10):
+            while table.notified_at is None:
+                await asyncio.sleep(0.01)
+        await asyncio.to_thread(loader.started.wait, 10)  # a safety-net reload is under way ...
+        t0 = time.monotonic()
+        write(factory, channel, lambda s: lifecycle.promote(s, "net-1", "v2", actor="t"))
+        await wait_revision(table, factory)
+        assert time.monotonic() - t0 < 3.0  # ... and the change did not wait for it
+        assert table.reloads == 1 and table.applies == 1
+        # the reload that started before the change is older than the table: not installed
+        async with asyncio.timeout(15):
+            while loader.calls < 2:
+                await asyncio.sleep(0.05)
+        snap = table.snapshot
+        assert snap is not None and snap.adapters["net-1"].active_version == "v2"
+        # a table that went wrong at the same revision is found and replaced by the next reload
+        loader.delay_s = 0.0
+        broken = dataclasses.replace(snap, adapters={k: v for k, v in snap.adapters.items() if k != "net-2"})
+        table.snapshot = broken
+        async with asyncio.timeout(15):
+            while table.drifts == 0:
+                await asyncio.sleep(0.05)
+        assert table.snapshot is not None and "net-2" in table.snapshot.adapters
+        assert table.snapshot == full(factory)
+    finally:
+        await table.stop()
