@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from registry.audit_sink import AuditSink
 from registry.replicas import ReplicaDirectory
 from registry.snapshot import RoutingSnapshot, VersionInfo
+from router.audit import RouterAudit
 from router.cluster import ClusterState, MemoryCluster, RedisCluster
 from router.contract import (
     AdapterLoadFailed,
@@ -39,12 +40,14 @@ from router.loader import Loader, LoadError
 from router.metrics import router_metrics
 from router.placement.types import Profile
 from router.planner import Planner
+from router.prewarm import Prewarmer
 from router.reconciler import Reconciler
 from router.sender import Sender
 from router.settings import RouterSettings
 from router.shared_view import SharedView
 from router.staging import ReadableStore, make_stagers
 from router.store import ReplicaState, ReplicaStore, cancel_all, parse_lora_name
+from router.unloader import Unloader
 
 log = logging.getLogger("loraplane.router")
 
@@ -69,7 +72,6 @@ class Router:
     ) -> None:
         self.settings = settings
         self._artifacts = store
-        self._audit = audit
         self._redis = redis
         self._clock = clock
         self.metrics = router_metrics(registry)
@@ -91,11 +93,13 @@ class Router:
         self._session: aiohttp.ClientSession | None = None
         self._store: ReplicaStore | None = None
         self._loader: Loader | None = None
+        self._unloader: Unloader | None = None
         self._reconciler: Reconciler | None = None
         self.shared_view: SharedView | None = None
         self._hot: HotSet | None = None
         self._planner: Planner | None = None
-        self._sender = Sender(audit, self.metrics, clock=clock)
+        self._events = RouterAudit(audit)
+        self._sender = Sender(self._events, self.metrics, clock=clock)
         self._tasks: list[asyncio.Task[None]] = []
         self._bg: set[asyncio.Task[Any]] = set()
 
@@ -118,12 +122,24 @@ class Router:
             s, drivers, clock=self._clock, wall=time.time, metrics=self.metrics, on_poll=self._on_poll
         )
         stagers = make_stagers(s, self._artifacts, session)
+        unloader = self._unloader = Unloader(s, store, stagers, self._events, self.metrics, self.cluster)
         loader = self._loader = Loader(
-            s, store, stagers, self._audit, self.metrics, self.cluster, clock=self._clock
+            s, store, stagers, self._events, self.metrics, self.cluster, unloader, clock=self._clock
         )
         self._hot = HotSet(s, store, clock=self._clock)
         self._planner = Planner(store, self.profile, self._hot, self.metrics, clock=self._clock)
-        self._reconciler = Reconciler(s, store, loader, self.cluster, self._hot, self, clock=self._clock)
+        self.prewarmer = Prewarmer(store, self._planner, loader)
+        self._reconciler = Reconciler(
+            s,
+            store,
+            loader,
+            unloader,
+            self.cluster,
+            self._hot,
+            self.prewarmer,
+            lambda: self.snapshot,
+            clock=self._clock,
+        )
         await self.cluster.start()
         await store.start()
         self._run(self._reconciler.run(), "reconciler")
@@ -169,6 +185,12 @@ class Router:
         if self._loader is None:
             raise RuntimeError("Router.start() was not called")
         return self._loader
+
+    @property
+    def unloader(self) -> Unloader:
+        if self._unloader is None:
+            raise RuntimeError("Router.start() was not called")
+        return self._unloader
 
     @property
     def planner(self) -> Planner:
@@ -314,42 +336,10 @@ class Router:
         info = self.find_version(adapter_id, version)
         if info is None:
             raise RouterError(f"unknown version {adapter_id} {version}", retry_after=None)
-        targets = await self.prewarm(info, replicas, exclude=frozenset(), strict_hot=False)
+        targets = await self.prewarmer.prewarm(info, replicas, exclude=frozenset(), strict_hot=False)
         return {
             "adapter_id": adapter_id,
             "version": version,
             "lora_name": info.lora_name,
             "replicas": targets,
         }
-
-    async def prewarm(
-        self, info: VersionInfo, replicas: int, *, exclude: set[str] | frozenset[str], strict_hot: bool
-    ) -> list[str]:
-        """Have ``info`` on ``replicas`` healthy replicas: those that hold it, then placement's
-        picks (never one in ``exclude``), each loaded in the background. ``strict_hot``: no load
-        that would evict a copy another hot version needs (the reconciler's hot prewarm)."""
-        name = info.lora_name
-        reps = [r for r in self.store.for_base(info.base_model) if r.healthy]
-        have = [
-            r.url
-            for r in reps
-            if ((res := r.residents.get(name)) is not None and res.state != "failed")
-            or self.loader.in_flight(r.url, name)
-        ]
-        targets = list(have[:replicas])
-        excluded = set(have) | set(exclude)
-        while len(targets) < replicas:
-            got = self.planner.place_copy(info, reps, excluded, strict_hot=strict_hot)
-            if got is None:
-                break
-            rep, decision = got
-            excluded.add(rep.url)
-            targets.append(rep.url)
-            cands = self.planner.candidates(rep, decision, name, strict_hot=strict_hot)
-            self.loader.start_load(rep, info, cands).add_done_callback(self._prewarm_done)
-        return targets
-
-    @staticmethod
-    def _prewarm_done(task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            log.warning("prewarm failed", extra={"task": task.get_name(), "error": str(exc)})

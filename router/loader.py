@@ -12,31 +12,29 @@ At most one load of a version onto a replica is in flight cluster-wide (SPEC §8
 A load = stage (sha256-verified, see ``router.staging``) → engine load (``EngineDriver.load``)
 → recorded as resident, one ``adapter.loaded`` or ``adapter.load_failed`` audit event
 (``adapter.hash_mismatch`` instead when verification fails: nothing reaches the engine).
-An unload first takes the adapter out of use cluster-wide (``begin_unload``: refused while any
-process has a request in flight for it there), then asks the engine.
+Unloads (eviction victims included) are ``router.unloader``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from registry.audit_sink import AuditSink
 from registry.snapshot import VersionInfo
+from router.audit import RouterAudit
 from router.cluster import ClusterState
 from router.contract import NoCapacity
 from router.metrics import RouterMetrics
 from router.settings import RouterSettings
 from router.staging import HashMismatch, Stager, StagingError
 from router.store import ReplicaState, ReplicaStore, Residency, cancel_all
+from router.unloader import Unloader
 
 log = logging.getLogger("loraplane.router.loader")
 
-ACTOR = "router"
 POLL_S = 0.05  # how often a process waiting for another one's load looks at its record
 
 
@@ -56,9 +54,10 @@ class Loader:
         settings: RouterSettings,
         store: ReplicaStore,
         stagers: dict[str, Stager],
-        audit: AuditSink,
+        audit: RouterAudit,
         metrics: RouterMetrics,
         cluster: ClusterState,
+        unloader: Unloader,
         *,
         clock: Callable[[], float],
         wall: Callable[[], float] = time.time,
@@ -69,17 +68,16 @@ class Loader:
         self._audit = audit
         self._metrics = metrics
         self._cluster = cluster
+        self._unloader = unloader
         self._clock = clock
         self._wall = wall
         self._flights: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._unloading: set[tuple[str, str]] = set()
         self._waiters: dict[str, int] = {}
         self._bg: set[asyncio.Task[Any]] = set()
 
     def busy(self, url: str, lora_name: str) -> bool:
         """A load or an unload of ``lora_name`` on ``url`` runs in this process."""
-        key = (url, lora_name)
-        return key in self._flights or key in self._unloading
+        return (url, lora_name) in self._flights or self._unloader.busy(url, lora_name)
 
     def in_flight(self, url: str, lora_name: str) -> bool:
         return (url, lora_name) in self._flights
@@ -197,7 +195,7 @@ class Loader:
         try:
             for victim in claim.evict:
                 self._metrics.placement.labels(outcome="evict").inc()
-                if not await self._engine_unload(rep, victim, "evict"):
+                if not await self._unloader.engine_unload(rep, victim, "evict"):
                     raise LoadError(
                         f"could not unload {victim} from {rep.url} to make room",
                         failure="unload_failed",
@@ -242,7 +240,7 @@ class Loader:
         except HashMismatch as exc:
             self._metrics.loads.labels(**labels, result="hash_mismatch").inc()
             log.error("adapter hash mismatch", extra={**details, "file": exc.file})
-            await self._audit_event(
+            await self._audit.event(
                 "adapter.hash_mismatch",
                 version.adapter_id,
                 {**details, "file": exc.file, "expected": exc.expected, "actual": exc.actual},
@@ -280,7 +278,7 @@ class Loader:
         )
         ms = round(duration * 1000, 1)
         log.info("adapter loaded", extra={**details, "duration_ms": ms})
-        await self._audit_event("adapter.loaded", version.adapter_id, {**details, "duration_ms": ms})
+        await self._audit.event("adapter.loaded", version.adapter_id, {**details, "duration_ms": ms})
 
     def _fail(self, rep: ReplicaState, lora_name: str, reason: str) -> None:
         r = rep.residents.get(lora_name)
@@ -304,7 +302,7 @@ class Loader:
         self._metrics.loads.labels(**labels, result=failure).inc()
         duration_ms = round((self._clock() - t0) * 1000, 1)
         log.warning("adapter load failed", extra={**details, "reason": failure, "error": message})
-        await self._audit_event(
+        await self._audit.event(
             "adapter.load_failed",
             version.adapter_id,
             {**details, "duration_ms": duration_ms, "reason": failure, "message": message[:500]},
@@ -317,79 +315,3 @@ class Loader:
             retry_elsewhere=retry_elsewhere,
             reason=message[:200],
         )
-
-    # ------------------------------------------------------------------ unload
-
-    async def unload(self, rep: ReplicaState, lora_name: str, reason: str) -> bool:
-        """Unload ``lora_name`` from ``rep`` unless a request of any gateway process uses it there
-        (or it is loading); 404 = already gone, fine. Cleans its staged files."""
-        r = rep.residents.get(lora_name)
-        if r is not None and (r.state in ("staging", "loading", "unloading") or r.inflight > 0):
-            return False
-        if self.busy(rep.url, lora_name) or not await self._cluster.begin_unload(rep.url, lora_name):
-            return False
-        return await self._engine_unload(rep, lora_name, reason)
-
-    async def _engine_unload(self, rep: ReplicaState, lora_name: str, reason: str) -> bool:
-        """Ask the engine to unload (the cluster record is already ``unloading``)."""
-        key = (rep.url, lora_name)
-        self._unloading.add(key)
-        try:
-            r = rep.residents.get(lora_name)
-            if r is not None:
-                r.state = "unloading"
-            res = await rep.driver.unload(rep.url, lora_name, self._settings.poll_timeout_s * 5)
-            await self._cluster.end_unload(rep.url, lora_name, res.ok)
-        finally:
-            self._unloading.discard(key)
-        if not res.ok:
-            if r is not None and rep.residents.get(lora_name) is r:
-                r.state = "resident"
-            log.warning(
-                "adapter unload failed",
-                extra={"replica": rep.url, "lora_name": lora_name, "error": res.message},
-            )
-            return False
-        if rep.residents.get(lora_name) is r:
-            rep.residents.pop(lora_name, None)
-        adapter_id = r.adapter_id if r else lora_name.split("@", 1)[0]
-        version = r.version if r else ""
-        if not res.already_gone:
-            self._metrics.unloads.labels(
-                replica=rep.url, adapter=adapter_id, version=version, reason=reason
-            ).inc()
-            log.info(
-                "adapter unloaded",
-                extra={
-                    "replica": rep.url,
-                    "lora_name": lora_name,
-                    "reason": reason,
-                    "gateway_process": self._cluster.pid,
-                },
-            )
-            await self._audit_event(
-                "adapter.unloaded",
-                adapter_id,
-                {"version": version, "replica": rep.url, "lora_name": lora_name, "reason": reason},
-            )
-        await self._cleanup(rep, lora_name)
-        return True
-
-    async def _cleanup(self, rep: ReplicaState, lora_name: str) -> None:
-        """Remove staged files once no replica sharing the staging location still uses them."""
-        local = rep.pool.staging.mode == "local"
-        for other in self._store.replicas.values():
-            if other.pool.name != rep.pool.name or (not local and other.host != rep.host):
-                continue
-            if lora_name in other.residents:
-                return
-        with contextlib.suppress(StagingError, OSError):
-            await self._stagers[rep.pool.name].remove(rep.host, lora_name)
-
-    async def _audit_event(self, action: str, adapter_id: str, details: dict[str, Any]) -> None:
-        try:
-            await self._audit.record(
-                actor=ACTOR, action=action, subject_type="adapter", subject_id=adapter_id, details=details
-            )
-        except Exception as exc:  # the audit sink must never break routing
-            log.warning("audit record failed", extra={"action": action, "error": str(exc)})

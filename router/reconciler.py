@@ -15,7 +15,7 @@ process at a time (the ``reconciler`` lease of ``router.cluster``):
   with ``strict_hot`` (a prewarm never evicts another hot copy) and the normal load path. A
   replica where the version's load failed is not retried until its failed record expires.
 
-Unloads go through ``Loader.unload``, which is refused while any process has a request in
+Unloads go through ``Unloader.unload``, which is refused while any process has a request in
 flight for the adapter there. Nothing is unloaded before the first snapshot arrives.
 """
 
@@ -25,27 +25,17 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Protocol
 
 from registry.snapshot import RoutingSnapshot, VersionInfo
 from router.cluster import OCCUPYING, ClusterState
 from router.hotness import HotSet
 from router.loader import Loader
+from router.prewarm import Prewarmer
 from router.settings import RouterSettings
 from router.store import ReplicaState, ReplicaStore
+from router.unloader import Unloader
 
 log = logging.getLogger("loraplane.router.reconciler")
-
-
-class PrewarmHost(Protocol):
-    """What the reconciler needs of the router: the snapshot, and prewarm."""
-
-    @property
-    def snapshot(self) -> RoutingSnapshot | None: ...
-
-    async def prewarm(
-        self, info: VersionInfo, replicas: int, *, exclude: set[str] | frozenset[str], strict_hot: bool
-    ) -> list[str]: ...
 
 
 class Reconciler:
@@ -54,18 +44,22 @@ class Reconciler:
         settings: RouterSettings,
         store: ReplicaStore,
         loader: Loader,
+        unloader: Unloader,
         cluster: ClusterState,
         hot: HotSet,
-        host: PrewarmHost,
+        prewarmer: Prewarmer,
+        snapshot: Callable[[], RoutingSnapshot | None],
         *,
         clock: Callable[[], float],
     ) -> None:
         self._settings = settings
         self._store = store
         self._loader = loader
+        self._unloader = unloader
         self._cluster = cluster
         self._hot = hot
-        self._host = host
+        self._prewarmer = prewarmer
+        self._snapshot = snapshot
         self._clock = clock
         self._kick = asyncio.Event()
         self._short: set[str] = set()  # hot versions below their count (logged once until met)
@@ -87,7 +81,7 @@ class Reconciler:
                 log.exception("reconcile pass failed")
 
     async def reconcile_once(self) -> None:
-        snap = self._host.snapshot
+        snap = self._snapshot()
         self._drop_stuck()
         hot = self._hot.refresh(snap)
         if snap is None or not await self._cluster.lead("reconciler"):
@@ -132,7 +126,7 @@ class Reconciler:
             ):
                 reason = "retired"
             if reason is not None:
-                await self._loader.unload(rep, name, reason)
+                await self._unloader.unload(rep, name, reason)
 
     async def _trim(self, rep: ReplicaState) -> None:
         present = [r for r in rep.residents.values() if r.state in OCCUPYING]
@@ -149,7 +143,7 @@ class Reconciler:
             extra={"replica": rep.url, "held": len(present), "max_adapters": rep.pool.max_adapters},
         )
         for r in idle[:excess]:
-            await self._loader.unload(rep, r.lora_name, "evict")
+            await self._unloader.unload(rep, r.lora_name, "evict")
 
     async def _prewarm_hot(self, hot: dict[str, VersionInfo], snap: RoutingSnapshot) -> None:
         short: list[tuple[VersionInfo, int, set[str]]] = []
@@ -181,4 +175,4 @@ class Reconciler:
                     "replicas": want,
                 },
             )
-            await self._host.prewarm(info, want, exclude=failed, strict_hot=True)
+            await self._prewarmer.prewarm(info, want, exclude=failed, strict_hot=True)

@@ -13,11 +13,10 @@ from collections.abc import Callable
 
 import orjson
 
-from registry.audit_sink import AuditSink
+from router.audit import RouterAudit
 from router.contract import ForwardRequest, ForwardResult
 from router.drivers import Retryable
 from router.forwarding import StreamRelay, WrongAdapter, make_rewriter, parse_usage, read_body
-from router.loader import ACTOR
 from router.metrics import RouterMetrics
 from router.store import ReplicaState
 
@@ -25,7 +24,7 @@ log = logging.getLogger("loraplane.router")
 
 
 class Sender:
-    def __init__(self, audit: AuditSink, metrics: RouterMetrics, *, clock: Callable[[], float]) -> None:
+    def __init__(self, audit: RouterAudit, metrics: RouterMetrics, *, clock: Callable[[], float]) -> None:
         self._audit = audit
         self._metrics = metrics
         self._clock = clock
@@ -130,19 +129,14 @@ class Sender:
             extra={"replica": rep.url, "asked": asked, "answered": got_s, "request_id": req.request_id},
         )
         version = req.version
-        try:
-            await self._audit.record(
-                actor=ACTOR,
-                action="adapter.wrong_adapter",
-                subject_type="adapter",
-                subject_id=version.adapter_id if version else req.base_model,
-                details={
-                    "version": version.version if version else None,
-                    "replica": rep.url,
-                    "asked": asked,
-                    "answered": got_s,
-                    "request_id": req.request_id,
-                },
-            )
-        except Exception as exc:  # the audit sink must never break routing
-            log.warning("audit record failed", extra={"error": str(exc)})
+        await self._audit.event(
+            "adapter.wrong_adapter",
+            version.adapter_id if version else req.base_model,
+            {
+                "version": version.version if version else None,
+                "replica": rep.url,
+                "asked": asked,
+                "answered": got_s,
+                "request_id": req.request_id,
+            },
+        )

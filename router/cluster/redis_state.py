@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import socket
@@ -29,6 +28,7 @@ from redis.exceptions import RedisError
 
 from router.cluster import lua
 from router.cluster.base import Claim, ReplicaShare, SharedRecord
+from router.cluster.marks import MarkBook
 from router.cluster.memory import MemoryCluster
 from router.placement.types import ResidencyState
 
@@ -78,11 +78,9 @@ class RedisCluster:
         self._linger_s = linger_s
         self._wall = wall
         self._down = False
-        self._counts: dict[tuple[str, str], int] = {}  # this process's in-flight per (url, lora)
-        self._local = MemoryCluster(self.pid, wall=wall, counts=self._counts)
-        self._published: dict[tuple[str, str], str] = {}  # marks written to Redis → their token
-        self._idle_since: dict[tuple[str, str], float] = {}  # count reached 0 at (wall)
-        self._tokens = itertools.count(1)
+        counts: dict[tuple[str, str], int] = {}  # this process's in-flight per (url, lora)
+        self._local = MemoryCluster(self.pid, wall=wall, counts=counts)
+        self._marks_book = MarkBook(counts)
         self._tasks: list[asyncio.Task[None]] = []
         r = redis
         self._mark = r.register_script(lua.MARK)
@@ -143,21 +141,21 @@ class RedisCluster:
         self._tasks.clear()
         with contextlib.suppress(RedisError, OSError):  # a goodbye: our marks and leases go at once
             async with self._redis.pipeline(transaction=False) as pipe:
-                for (url, lora), token in self._published.items():
+                for (url, lora), _ in self._marks_book.live():
                     pipe.hdel(self._marks(url), f"{lora}|{self.pid}")
-                    del token
                 pipe.zrem(self._procs, self.pid)
                 await pipe.execute()
             for name in list(self._leading):
                 await self._resign(keys=[f"{self._p}cl:lead:{name}"], args=[self.pid])
-        self._published.clear()
+        self._marks_book.clear()
 
     async def _beat(self) -> None:
         try:
             await self._heartbeat(keys=[self._procs], args=[self.pid, self._lease_ms])
-            if self._published:  # re-assert (Redis may have restarted empty)
+            live = list(self._marks_book.live())
+            if live:  # re-assert (Redis may have restarted empty)
                 async with self._redis.pipeline(transaction=False) as pipe:
-                    for (url, lora), token in self._published.items():
+                    for (url, lora), token in live:
                         pipe.hset(self._marks(url), f"{lora}|{self.pid}", token)
                     await pipe.execute()
         except (RedisError, OSError) as exc:
@@ -178,22 +176,12 @@ class RedisCluster:
 
     async def flush_marks(self, *, force: bool = False) -> None:
         """Release the marks whose adapter has had nothing in flight here for ``linger_s``."""
-        now = self._wall()
-        due = [
-            k
-            for k, since in self._idle_since.items()
-            if (force or now - since >= self._linger_s) and self._counts.get(k, 0) == 0
-        ]
-        by_url: dict[str, list[str]] = {}
-        for k in due:
-            del self._idle_since[k]
-            token = self._published.pop(k, None)
-            if token is not None:
-                by_url.setdefault(k[0], []).extend((f"{k[1]}|{self.pid}", token))
+        by_url = self._marks_book.due(self._wall(), self._linger_s, force=force)
         if not by_url or self._down:
             return
         try:
-            for url, args in by_url.items():
+            for url, pairs in by_url.items():
+                args = [f"{v}|{self.pid}" if i % 2 == 0 else v for i, v in enumerate(pairs)]
                 await self._unmark(keys=[self._marks(url)], args=args)
         except (RedisError, OSError) as exc:
             self._failed(exc)
@@ -201,14 +189,12 @@ class RedisCluster:
     # ------------------------------------------------------------------ marks
 
     async def mark(self, url: str, lora_name: str) -> bool:
-        key = (url, lora_name)
-        self._idle_since.pop(key, None)
         if self._down:
             return await self._local.mark(url, lora_name)
-        self._counts[key] = self._counts.get(key, 0) + 1
-        if key in self._published:
+        key = (url, lora_name)
+        token = self._marks_book.take(key)
+        if token is None:
             return True  # our mark is live: nobody can have started unloading it since
-        token = str(next(self._tokens))
         try:
             ok = await self._mark(
                 keys=[self._res(url), self._marks(url), self._procs], args=[lora_name, self.pid, token]
@@ -217,20 +203,13 @@ class RedisCluster:
             self._failed(exc)
             return True
         if not ok:
-            self.unmark(url, lora_name)
+            self._marks_book.give(key, self._wall())
             return False
-        self._published[key] = token
+        self._marks_book.written(key, token)
         return True
 
     def unmark(self, url: str, lora_name: str) -> None:
-        key = (url, lora_name)
-        left = self._counts.get(key, 0) - 1
-        if left > 0:
-            self._counts[key] = left
-            return
-        self._counts.pop(key, None)
-        if key in self._published:
-            self._idle_since[key] = self._wall()
+        self._marks_book.give((url, lora_name), self._wall())
 
     # ------------------------------------------------------------------ residency
 
@@ -294,7 +273,7 @@ class RedisCluster:
         return parse_record(raw) if raw else None
 
     async def begin_unload(self, url: str, lora_name: str) -> bool:
-        if self._counts.get((url, lora_name), 0) > 0:
+        if self._marks_book.counts.get((url, lora_name), 0) > 0:
             return False
         if self._down:
             return await self._local.begin_unload(url, lora_name)

@@ -79,7 +79,7 @@ async def test_agent_staging_end_to_end(
     assert [e["subject_id"] for e in audit.events if e["action"] == "adapter.hash_mismatch"] == ["agentbad"]
 
     # unloading cleans the staged copy on the agent
-    await router.loader.unload(router.store.replicas[sims[0].url], v.lora_name, "evict")
+    await router.unloader.unload(router.store.replicas[sims[0].url], v.lora_name, "evict")
     assert not staged.exists()
 
 

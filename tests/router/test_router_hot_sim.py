@@ -49,7 +49,7 @@ async def test_marked_hot_adapter_is_prewarmed_without_traffic(
 
     # a copy goes away (evicted, replica restarted …): the reconciler prewarms it again
     holder = next(r for r in router.store.replicas.values() if hot.lora_name in r.residents)
-    assert await router.loader.unload(holder, hot.lora_name, "evict")
+    assert await router.unloader.unload(holder, hot.lora_name, "evict")
     await wait_until(lambda: copies(hot, sims) == 2, timeout=20)
 
     # unmarked: no forced unload, but no prewarm any more either
@@ -57,7 +57,7 @@ async def test_marked_hot_adapter_is_prewarmed_without_traffic(
     await settle(router)
     assert copies(hot, sims) == 2
     holder = next(r for r in router.store.replicas.values() if hot.lora_name in r.residents)
-    assert await router.loader.unload(holder, hot.lora_name, "evict")
+    assert await router.unloader.unload(holder, hot.lora_name, "evict")
     await settle(router)
     assert copies(hot, sims) == 1
 

@@ -107,7 +107,7 @@ async def test_tampered_staged_copy_is_restaged_before_load(
     staged = tmp_path / "staging" / v.lora_name / "adapter_model.safetensors"
     good = staged.read_bytes()
     # evict it, corrupt the staged copy, load again: it is re-verified and re-staged
-    await router.loader.unload(router.store.replicas[sims[0].url], v.lora_name, "evict")
+    await router.unloader.unload(router.store.replicas[sims[0].url], v.lora_name, "evict")
     staged.parent.mkdir(parents=True, exist_ok=True)
     (staged.parent / "adapter_config.json").write_text("{}")
     staged.write_bytes(b"garbage")
