@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from kit.errors import Forbidden
 from registry.api.deps import AdminState, read
-from registry.auth import Principal, authenticate
+from registry.auth import TOKEN_PREFIX, Principal, authenticate, token_prefix
 from registry.console.session import COOKIE, PRE_COOKIE, same_token
 from registry.console.web import (
     BASE,
@@ -73,7 +73,8 @@ async def signin(request: Request, st: Annotated[AdminState, Depends(admin)]) ->
     if principal is None:
         return _signin_form(request, next_url=next_url, error="Unknown or revoked token.", status=401)
     cs = console_of(request)
-    value, _sess = cs.codec.issue(principal.id, principal.role, tuple(principal.owners))
+    prefix = token_prefix(token) if token.startswith(TOKEN_PREFIX) else ""
+    value, _sess = cs.codec.issue(principal.id, principal.role, tuple(principal.owners), token=prefix)
     resp = redirect(next_url[len(BASE) :])
     resp.set_cookie(
         COOKIE,

@@ -2,7 +2,9 @@
 
 The cookie (``lp_console``: HttpOnly, SameSite=Strict, Path=/admin/ui) holds
 ``base64url(json) "." base64url(hmac_sha256(secret, json))`` with the principal id, its role
-and owners, an expiry and a random per-session CSRF token — never the sign-in token. Every
+and owners, the sign-in token's public prefix, an expiry and a random per-session CSRF token —
+never the token itself. Every request re-reads the principal (``web.signed_in``): a revoked
+token or a deleted principal signs the session out at once, and a role change applies at once. Every
 form carries the CSRF token in a hidden ``csrf`` field and every POST compares it (constant
 time) with the session's. The sign-in form itself is protected by a double-submit cookie
 (``lp_console_pre``).
@@ -36,6 +38,7 @@ class ConsoleSession:
     owners: tuple[str, ...]
     csrf: str
     expires: int
+    token: str = ""  # prefix of the principal token signed in with ("" for the bootstrap token)
 
 
 def _b64(data: bytes) -> str:
@@ -63,15 +66,18 @@ class SessionCodec:
     def _sign(self, payload: bytes) -> str:
         return _b64(hmac.new(self._secret, payload, hashlib.sha256).digest())
 
-    def issue(self, principal: str, role: str, owners: tuple[str, ...]) -> tuple[str, ConsoleSession]:
+    def issue(
+        self, principal: str, role: str, owners: tuple[str, ...], *, token: str = ""
+    ) -> tuple[str, ConsoleSession]:
         sess = ConsoleSession(
             principal=principal,
             role=role,
             owners=owners,
             csrf=secrets.token_urlsafe(24),
             expires=int(time.time()) + self.ttl_s,
+            token=token,
         )
-        body = {"p": principal, "r": role, "o": list(owners), "c": sess.csrf, "e": sess.expires}
+        body = {"p": principal, "r": role, "o": list(owners), "c": sess.csrf, "e": sess.expires, "t": token}
         payload = json.dumps(body, separators=(",", ":")).encode()
         return f"{_b64(payload)}.{self._sign(payload)}", sess
 
@@ -94,6 +100,7 @@ class SessionCodec:
                 owners=tuple(str(o) for o in body["o"]),
                 csrf=str(body["c"]),
                 expires=int(body["e"]),
+                token=str(body.get("t", "")),
             )
         except (ValueError, KeyError, TypeError):
             return None

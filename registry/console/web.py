@@ -17,13 +17,14 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from kit.errors import Forbidden, LoraplaneError
-from registry.api.deps import AdminState, state_of
-from registry.auth import Principal
+from kit.errors import Forbidden, LoraplaneError, NotFound
+from registry.api.deps import AdminState, read, state_of
+from registry.auth import BOOTSTRAP, BOOTSTRAP_ID, Principal
 from registry.auth import allowed as _allowed
 from registry.auth import missing as _missing
 from registry.console.session import COOKIE, ConsoleSession, SessionCodec, same_token
 from registry.console.traffic import TrafficSource
+from registry.services import principals as principal_svc
 
 BASE = "/admin/ui"
 HERE = Path(__file__).parent
@@ -87,14 +88,28 @@ class Viewer:
             raise Forbidden(why, code="forbidden", details={"permission": permission, "owner": owner})
 
 
+def _current(st: AdminState, sess: ConsoleSession) -> Principal | None:
+    """The session's principal as it is now: None when it is gone or its token was revoked."""
+    if sess.principal == BOOTSTRAP_ID:
+        return BOOTSTRAP  # the cookie is signed with a secret derived from the bootstrap token
+    try:
+        rec = read(st, lambda s: principal_svc.describe_principal(s, sess.principal))
+    except NotFound:
+        return None
+    if not any(t.prefix == sess.token and t.revoked_at is None for t in rec.tokens or []):
+        return None
+    return Principal(id=rec.id, role=rec.role, owners=tuple(rec.owners))
+
+
 def signed_in(request: Request) -> Viewer:
     """FastAPI dependency: the viewer, or a redirect to the sign-in page."""
     sess = console_of(request).codec.load(request.cookies.get(COOKIE))
-    if sess is None:
+    principal = _current(state_of(request), sess) if sess is not None else None
+    if sess is None or principal is None:
         path = request.url.path
         nxt = path + (f"?{request.url.query}" if request.url.query else "")
         raise SignInRequired(nxt if request.method == "GET" else BASE + "/adapters")
-    return Viewer(Principal(id=sess.principal, role=sess.role, owners=sess.owners), sess)
+    return Viewer(principal, sess)
 
 
 def check_csrf(viewer: Viewer, form: dict[str, Any]) -> None:

@@ -240,3 +240,22 @@ def test_promote_with_approvals_records_a_request_and_another_principal_approves
         page = other.get(f"{CONSOLE}/adapters/adapter-0007").text
         assert 'id="active-version">v2' in page
         assert "needs adapter.promote" in page
+
+
+def test_revoking_the_token_signs_the_session_out_and_role_changes_apply_at_once(
+    app: FastAPI, client: TestClient
+) -> None:
+    st: AdminState = app.state.admin
+    with session_scope(st.factory) as s:
+        principal_svc.create_principal(s, principal_id="ops-9", role="viewer", owners=[], actor="test")
+        issued = principal_svc.issue_token(s, "ops-9", actor="test")
+    _sign_in(client, issued.token)
+    assert "needs adapter.rollback" in client.get(f"{CONSOLE}/adapters/adapter-0009").text
+    with session_scope(st.factory) as s:
+        principal_svc.update_principal(s, "ops-9", {"role": "operator"}, actor="test")
+    page = client.get(f"{CONSOLE}/adapters/adapter-0009").text
+    assert "needs adapter.rollback" not in page and "(operator)" in page
+    with session_scope(st.factory) as s:
+        principal_svc.revoke_token(s, "ops-9", issued.token_id, actor="test")
+    r = client.get(f"{CONSOLE}/adapters/adapter-0009", follow_redirects=False)
+    assert r.status_code == 303 and "/admin/ui/signin" in r.headers["location"]
