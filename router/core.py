@@ -254,7 +254,12 @@ class Router:
         last: Exception | None = None
         attempts = refused = 0
         while attempts < 2:
-            rep, decision = self.planner.place(req, excluded)
+            try:
+                rep, decision = self.planner.place(req, excluded)
+            except NoCapacity:
+                if last is None:
+                    raise
+                break  # nowhere left to retry: the first failure is the answer
             if name is not None and not await self.cluster.mark(rep.url, name):
                 refused += 1  # another process is unloading it there right now
                 if refused >= MARK_TRIES:

@@ -11,6 +11,7 @@ _LOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
         self.loads = Counter(
             "loraplane_adapter_loads",
             "Adapter loads made by the router, by result (ok, not_found, rejected, timeout, "
