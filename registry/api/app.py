@@ -171,6 +171,7 @@ def create_admin_app(
         redoc_url=None,
         responses={
             401: {"model": ErrorOut},
+            403: {"model": ErrorOut},
             404: {"model": ErrorOut},
             409: {"model": ErrorOut},
             422: {"model": ErrorOut},

@@ -35,7 +35,7 @@ class RecordingFeed:
     def __init__(self) -> None:
         self.published: list[int] = []
 
-    def publish(self, revision: int) -> None:
+    def publish(self, revision: int, subjects: frozenset[str] = frozenset({"*"})) -> None:
         self.published.append(revision)
 
     def listen(self) -> Any:  # pragma: no cover - not used here
