@@ -249,3 +249,38 @@ async def test_one_admission_checks_every_level_and_commits_all_or_nothing(any_l
     states = {s.bucket.scope: s.remaining for s in await lim.peek(full("t2"))}
     assert states == {"tenant": 10, "grant": 10, "adapter": 9, "owner": 0}
     assert lim.in_use("a:x:conc") == 1 if lim.name == "memory" else await lim.in_use("a:x:conc") == 1
+
+
+async def test_one_script_call_per_admission_and_one_per_renewal_batch(
+    limiters: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every level adds keys to the one admission script, never a round trip; renewal of all the
+    slots a process holds is one script call, not one per request."""
+    limiter: RedisLimiter = limiters(30.0)
+    calls: list[tuple[Any, ...]] = []
+    execute = limiter._pipe.execute
+
+    def counting(*args: Any) -> Any:
+        calls.append(args)
+        return execute(*args)
+
+    monkeypatch.setattr(limiter._pipe, "execute", counting)
+
+    def full(tenant: str, adapter: str) -> AdmissionPlan:
+        return make_plan(
+            tenant_id=tenant, rpm=1000, tpm=10**6, max_concurrency=100, estimated_tokens=10,
+            adapter_id=adapter, grant_rpm=1000, grant_tpm=10**6,
+            adapter_limits=Limits(rpm=1000, tpm=10**6, max_concurrency=100),
+            owner="biz", owner_limits=Limits(rpm=1000, tpm=10**6, max_concurrency=100),
+        )  # fmt: skip
+
+    results = await asyncio.gather(*[limiter.admit(full(f"t{i % 5}", f"a{i % 3}")) for i in range(40)])
+    assert all(r.admitted for r in results) and len(calls) == 40
+    assert limiter.held() == 40
+    calls.clear()
+    assert await limiter.renew() == 40 * 3  # tenant, adapter and owner slot of each lease
+    assert len(calls) == 1
+    for r in results:
+        assert r.lease is not None
+        await limiter.settle(r.lease, 5)
+    assert await limiter.in_use("o:biz:conc") == 0 and limiter.held() == 0
