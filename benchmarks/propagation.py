@@ -192,6 +192,8 @@ async def run_flips(
                 "whole_reloads": _delta(a, b, "reloads"),
                 "incremental_applies": _delta(a, b, "applies"),
                 "gaps": _delta(a, b, "gaps"),
+                "safety_net_loads": _delta(a, b, "refreshes"),
+                "safety_net_outrun": _delta(a, b, "refreshes_outrun"),
                 "last_apply_ms": a.get("apply_ms"),
                 "last_whole_load_ms": a.get("load_ms"),
             }
@@ -461,7 +463,8 @@ def main() -> None:
     for t in r["tables"]:
         print(
             f"  {t['gateway']}: whole reloads {t['whole_reloads']}, incremental applies "
-            f"{t['incremental_applies']}, gaps {t['gaps']}, last apply {t['last_apply_ms']} ms"
+            f"{t['incremental_applies']}, gaps {t['gaps']}, safety-net loads {t['safety_net_loads']} "
+            f"({t['safety_net_outrun']} outrun by changes), last apply {t['last_apply_ms']} ms"
         )
     print(f"wrote {args.out}")
 

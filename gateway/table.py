@@ -86,6 +86,8 @@ class RoutingTable:
         self.changes_applied = 0  # revisions applied incrementally
         self.gaps = 0  # whole reloads because a revision was missing from the feed
         self.drifts = 0  # safety-net reloads that found the table wrong at the same revision
+        self.refreshes = 0  # safety-net loads finished (installed or not)
+        self.refreshes_outrun = 0  # … not installed: changes applied meanwhile were newer
         self.changed_at: float | None = None  # time.time() when a new revision was installed
         self.notified_at: float | None = None  # time.time() of the last change-feed notification
         self.load_ms: float | None = None  # how long the last whole load took
@@ -209,6 +211,8 @@ class RoutingTable:
             "changes_applied": self.changes_applied,
             "gaps": self.gaps,
             "drifts": self.drifts,
+            "refreshes": self.refreshes,
+            "refreshes_outrun": self.refreshes_outrun,
         }
 
     # ------------------------------------------------------------------ internals
@@ -288,10 +292,12 @@ class RoutingTable:
             self._failed(e)
             self._wanted.set()  # ``_run`` retries every ``retry_s``
             return
+        self.refreshes += 1
         async with self._lock:
             current = self.snapshot
             if current is not None and snap.revision < current.revision:
-                return  # changes were applied meanwhile; the next refresh checks again
+                self.refreshes_outrun += 1  # changes were applied meanwhile; the next one checks again
+                return
             if current is not None and snap.revision == current.revision and snap != current:
                 self.drifts += 1
                 log.warning(
