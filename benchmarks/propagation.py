@@ -20,7 +20,8 @@ first answer of that gateway carrying the new version (0 if one came even before
 answer). Reported: p50/p99/max over all (flip, gateway) pairs and of the slowest gateway per
 flip, requests and failed requests (any non-200 or error) during the flips, and where the
 time goes, read from each gateway's ``/readyz`` after the flip (``routing_table``): notice
-delivery (admin answer → the gateway heard of it), apply (heard → new snapshot installed), and
+delivery (admin answer → the gateway heard of it; negative when the notice, sent at commit,
+arrived before the admin API's HTTP answer), apply (heard → new snapshot installed), and
 how many whole reloads vs incremental applies each gateway made. ``uptime``'s load average is
 recorded: on a shared machine the tail follows the load.
 
@@ -175,7 +176,7 @@ async def run_flips(
             for u in gw_urls:  # where the time went (the table's own clocks, same machine)
                 st = await table_status(session, u)
                 if st.get("notified_at") and st.get("changed_at"):
-                    notice.append(max(0.0, st["notified_at"] - answered_wall))
+                    notice.append(st["notified_at"] - answered_wall)  # < 0: heard before the answer
                     apply.append(max(0.0, st["changed_at"] - st["notified_at"]))
             await asyncio.sleep(gap_ms / 1000 * random.uniform(0.5, 1.5))
         t_end = time.perf_counter()
