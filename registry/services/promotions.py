@@ -12,7 +12,8 @@ no longer pending (409 ``promotion_not_pending``). An expired request is written
 (409 ``promotion_expired``); one whose adapter changed is written ``stale`` (409
 ``promotion_stale``) — these two are committed before the error is answered, so the caller
 gets an :class:`Outcome` with ``error`` set rather than an exception. When distinct approvals
-reach the number required, the promotion runs in the same transaction (quality gate checked
+reach the number required (as requested, or more if ``approvals_required`` was raised since),
+the promotion runs in the same transaction (quality gate checked
 again; a refusal rolls the approval back too) and the request becomes ``executed``.
 
 Audit: ``promotion.requested`` / ``approved`` / ``rejected`` (no revision bump: nothing served
@@ -232,7 +233,12 @@ def approve(session: Session, promotion_id: str, principal: Principal, *, commen
     req.approvals = [*req.approvals, {"principal": principal.id, "at": now.isoformat()}]
     repo.flush(session)
     _event(session, principal.id, "promotion.approved", req, comment=comment, approvals=len(req.approvals))
-    if len(req.approvals) < req.approvals_required:
+    # the number asked when requested, or more if it was raised since (never fewer)
+    needed = max(req.approvals_required, approvals_required(session, st.adapter))
+    if needed != req.approvals_required:
+        req.approvals_required = needed
+        repo.flush(session)
+    if len(req.approvals) < needed:
         return Outcome(promotion=PromotionRecord.of(req, now))
     req.status = "executed"
     req.decided_by = principal.id

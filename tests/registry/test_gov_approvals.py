@@ -241,3 +241,18 @@ def test_reject_and_filters(gov_client: TestClient, factory: Any) -> None:
     assert admin.patch(A, json={"approvals_required": 0}).json()["approvals_required"] == 0
     assert admin.post(f"{A}/versions/v2/promote").status_code == 200  # the adapter's 0 wins
     assert admin.patch(A, json={"approvals_required": None}).json()["approvals_required"] is None
+
+
+def test_raised_approvals_apply_to_pending_requests(gov_client: TestClient, factory: Any) -> None:
+    admin = gov_client
+    seed_adapter(admin)
+    add_versions(factory, "support", 2)
+    admin.post(f"{A}/versions/v1/promote")
+    admin.patch(A, json={"approvals_required": 1})
+    maint, appr, appr2 = _team(admin)
+    req = admin.post(f"{A}/versions/v2/promote", headers=maint).json()
+    admin.patch(A, json={"approvals_required": 2})  # raised while the request waits
+    first = admin.post(f"{V1}/promotions/{req['id']}/approve", headers=appr).json()
+    assert (first["status"], first["approvals_required"]) == ("pending", 2)
+    admin.patch(A, json={"approvals_required": 0})  # lowering it never skips approvals asked for
+    assert admin.post(f"{V1}/promotions/{req['id']}/approve", headers=appr2).json()["status"] == "executed"
