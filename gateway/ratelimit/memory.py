@@ -34,7 +34,8 @@ class MemoryLimiter:
         out = []
         for b, lvl in zip(plan.buckets, levels, strict=True):
             left = lvl - b.cost if taken else lvl
-            out.append(BucketState(b, int(left // 1), max(0.0, (b.limit - left) / _rate(b.limit))))
+            reset = (b.limit - left) / _rate(b.limit) if b.limit > 0 else 0.0  # a 0 limit: always "full"
+            out.append(BucketState(b, int(left // 1), max(0.0, reset)))
         return out
 
     async def admit(self, plan: AdmissionPlan) -> AdmitResult:
@@ -46,9 +47,11 @@ class MemoryLimiter:
                 return AdmitResult(False, self._states(plan, levels, False), b.kind, b.scope, b.limit, wait)
         for slot in plan.slots:
             if len(self._slots.get(slot.key, ())) >= slot.limit:
-                # one process: every slot belongs to a live request of this process
+                # one process: every slot belongs to a live request of this process (a limit of 0
+                # never admits: 60 s, like a tpm cost over capacity)
+                wait = 1.0 if slot.limit > 0 else 60.0
                 return AdmitResult(
-                    False, self._states(plan, levels, False), "concurrency", slot.scope, slot.limit, 1.0
+                    False, self._states(plan, levels, False), "concurrency", slot.scope, slot.limit, wait
                 )
         lease = lease_for(plan)
         for b, lvl in zip(plan.buckets, levels, strict=True):

@@ -14,7 +14,7 @@ it runs; the slots of a process that died (SIGKILL, lost host) expire within ``l
 next admission drops them. A concurrency rejection's ``Retry-After`` is true: 1 s when a live
 request holds a slot (it frees when that request ends), otherwise the time until the first
 slot of a process that stopped renewing (one not renewed for ``2 * lease_s / 3``, a whole
-renewal period late) expires.
+renewal period late) expires; 60 s for a limit of 0 (never admits, like a tpm cost over capacity).
 
 The scripts go through an :class:`~gateway.ratelimit.autopipe.AutoPipeline`: concurrent
 admissions and settlements share one round trip on one connection (each still its own atomic
@@ -82,7 +82,9 @@ if reject == 0 then
     if c >= tonumber(ARGV[6 + 2 * n + j]) then
       reject = n + j
       held = c
-      if redis.call('ZCOUNT', ck, now + tonumber(ARGV[6]), '+inf') > 0 then
+      if c == 0 then
+        wait = 60
+      elseif redis.call('ZCOUNT', ck, now + tonumber(ARGV[6]), '+inf') > 0 then
         wait = 1
       else
         local first = redis.call('ZRANGE', ck, 0, 0, 'WITHSCORES')
@@ -224,7 +226,8 @@ class RedisLimiter:
         out = []
         for i, b in enumerate(plan.buckets):
             lvl = float(_s(raw[4 + i]))
-            out.append(BucketState(b, int(lvl // 1), max(0.0, (b.limit - lvl) * 60.0 / b.limit)))
+            reset = (b.limit - lvl) * 60.0 / b.limit if b.limit > 0 else 0.0  # a 0 limit: always "full"
+            out.append(BucketState(b, int(lvl // 1), max(0.0, reset)))
         return out
 
     async def admit(self, plan: AdmissionPlan) -> AdmitResult:

@@ -284,3 +284,13 @@ async def test_one_script_call_per_admission_and_one_per_renewal_batch(
         assert r.lease is not None
         await limiter.settle(r.lease, 5)
     assert await limiter.in_use("o:biz:conc") == 0 and limiter.held() == 0
+
+
+async def test_zero_limits_refuse_with_a_clear_429_not_an_error(any_limiter: Any) -> None:
+    """A limit of 0 at any level is a kill switch for that level: refused, never a store error."""
+    lim = any_limiter
+    for limits in (Limits(max_concurrency=0), Limits(rpm=0), Limits(tpm=0)):
+        r = await lim.admit(_plan("t", "x", adapter_limits=limits))
+        assert not r.admitted and r.rejected_scope == "adapter" and r.retry_after_s == 60
+    r = await lim.admit(make_plan(tenant_id="t", rpm=None, tpm=None, max_concurrency=0, estimated_tokens=1))
+    assert not r.admitted and r.rejected_kind == "concurrency" and r.retry_after_s == 60
