@@ -256,3 +256,17 @@ def test_raised_approvals_apply_to_pending_requests(gov_client: TestClient, fact
     assert (first["status"], first["approvals_required"]) == ("pending", 2)
     admin.patch(A, json={"approvals_required": 0})  # lowering it never skips approvals asked for
     assert admin.post(f"{V1}/promotions/{req['id']}/approve", headers=appr2).json()["status"] == "executed"
+
+
+def test_maintainer_cannot_change_approvals_required(gov_client: TestClient) -> None:
+    admin = gov_client
+    seed_adapter(admin)
+    maint, _, _ = _team(admin)
+    err = error_of(admin.patch(A, headers=maint, json={"approvals_required": 0}), 403, "forbidden")
+    assert err["details"] == {"permission": "adapter.approvals", "field": "approvals_required"}
+    assert admin.patch(A, headers=maint, json={"description": "mine"}).status_code == 200
+    error_of(
+        admin.patch(f"{V1}/base-models/demo-base", headers=maint, json={"approvals_required": 0}),
+        403,
+        "forbidden",
+    )
