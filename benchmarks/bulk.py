@@ -40,10 +40,17 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.propagation import TOKEN, ms, start_platform, table_status  # noqa: E402
+from benchmarks.propagation import (  # noqa: E402
+    TOKEN,
+    ms,
+    platform_env,
+    start_gateways,
+    start_registry,
+    table_status,
+)
 from kit import localservices as ls  # noqa: E402
 from kit.db import make_engine, make_session_factory, session_scope  # noqa: E402
-from kit.procs import ManagedProcess, http_ready, wait_all_ready  # noqa: E402
+from kit.procs import ManagedProcess  # noqa: E402
 from kit.procs import stop_all as stop_procs  # noqa: E402
 from registry.adapter_factory import write_adapter  # noqa: E402
 from registry.admin_client import AdminClient  # noqa: E402
@@ -116,9 +123,6 @@ def seed(admin_url: str, pg: str, work: Path, n: int) -> str:
         if i % 200 == 0:
             log(f"seeded {i + 1}/{n} adapters ({time.perf_counter() - t0:.0f} s)")
     engine.dispose()
-    # one change through the API, so every gateway notices (a revision gap: a whole reload)
-    with AdminClient(admin_url, TOKEN) as a:
-        a.update_tenant("bench", name="bench tenant")
     return key
 
 
@@ -265,16 +269,15 @@ def main() -> None:
     sims = start_simulators(args.replicas, extra_args=["--zero-latency", "--max-loras", "8"])
     try:
         with ls.temp_pg_database("benchbulk") as pg:
-            procs, admin_url, gw_urls = start_platform(
-                work, pg, prefix, [p.url for p in sims], args.gateways, ROOT
-            )
+            env = platform_env(work, pg, prefix, [p.url for p in sims], ROOT)
+            registry, admin_url = start_registry(work, env, ROOT)
+            procs.append(registry)
             log(f"seeding {args.adapters} adapters …")
             t_seed = time.perf_counter()
             key = seed(admin_url, pg, work, args.adapters)
-            log(f"seeded in {time.perf_counter() - t_seed:.0f} s; waiting for the gateways …")
-            wait_all_ready(
-                [(p, http_ready(f"{u}/readyz")) for p, u in zip(procs[1:], gw_urls, strict=True)], 120
-            )
+            log(f"seeded in {time.perf_counter() - t_seed:.0f} s; starting {args.gateways} gateway(s) …")
+            gateways, gw_urls = start_gateways(work, env, ROOT, args.gateways)
+            procs += gateways
             asyncio.run(warm(gw_urls, key, probes, "v2"))
             log(f"bulk rollback of {args.adapters} adapters under probe traffic …")
             result = asyncio.run(measure(admin_url, gw_urls, key, probes, pg))
