@@ -141,3 +141,21 @@ def test_owner_routes_need_the_admin_token(client: TestClient) -> None:
     assert anon.put(f"{V1}/owners/team-a/limits", json={"rpm": 1}).status_code == 401
     assert anon.patch(A, json={"limits": {"rpm": 1}}).status_code == 401
     assert client.get(A).json()["limits"]["rpm"] is None
+
+
+def test_concurrent_first_puts_of_one_owner_all_succeed(client: TestClient) -> None:
+    """Two admins setting a new owner's limits at once: both answered, one row, no 500."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    owner = _owner()
+
+    def put(i: int) -> int:
+        return client.put(f"{V1}/owners/{owner}/limits", json={"rpm": 10 + i}).status_code
+
+    with ThreadPoolExecutor(6) as pool:
+        codes = list(pool.map(put, range(6)))
+    assert codes == [200] * 6
+    rpm = client.get(f"{V1}/owners/{owner}").json()["limits"]["rpm"]
+    assert rpm in range(10, 16)
+    events = [e for e in _events(client, "owner.limits_updated") if e["subject_id"] == owner]
+    assert 1 <= len(events) <= 6 and events[-1]["details"]["limits"]["rpm"] == rpm
