@@ -48,6 +48,8 @@ async def run_serve(role: Role) -> None:
     audit: Any = None
     redis = make_redis(reg_settings.redis_url) if reg_settings.redis_url else None
     store: Any = None
+    gateway: Any = None
+    closers: list[Any] = []  # the console's traffic samplers (daemon threads)
     if role in (Role.gateway, Role.all):
         from registry.audit_sink import BufferedAuditSink
         from registry.services.audit import DbAuditSink
@@ -69,6 +71,12 @@ async def run_serve(role: Role) -> None:
             redis=redis,
         )
         gateway = build_gateway(gsettings, router=router, engine=engine, feed=feed)
+        if reg_settings.redis_url:  # the console's traffic page, across processes
+            from registry.console.wiring import publish_traffic
+
+            closers.append(
+                publish_traffic(reg_settings.redis_url, reg_settings.redis_prefix, gateway.metrics.registry)
+            )
         servers.append(
             make_server(
                 create_gateway_app(gateway),
@@ -90,6 +98,12 @@ async def run_serve(role: Role) -> None:
         admin_app = create_admin_app(
             reg_settings, engine=engine, store=store, feed=feed, replica_directory=directory
         )
+        from registry.console.wiring import local_traffic, redis_traffic
+
+        if reg_settings.redis_url:
+            closers.append(redis_traffic(admin_app, reg_settings.redis_url, reg_settings.redis_prefix))
+        elif gateway is not None:
+            closers.append(local_traffic(admin_app, gateway.metrics.registry))
         servers.append(
             make_server(
                 admin_app, reg_settings.admin_host, reg_settings.admin_port, log_level=reg_settings.log_level
@@ -98,6 +112,8 @@ async def run_serve(role: Role) -> None:
     try:
         await serve_all(servers)
     finally:
+        for closer in closers:
+            closer.close()
         if audit is not None:
             await audit.close()
         if redis is not None:

@@ -190,20 +190,6 @@ def _check_vllm_python(python: str) -> None:
         )
 
 
-def console_traffic(admin_app: Any, gateway_registry: Any) -> Any:
-    """The console's traffic page samples this process's gateway and router metrics into a
-    bounded ring (every ``LORAPLANE_CONSOLE_TRAFFIC_INTERVAL_S``, default 10 s; one hour kept)."""
-    from prometheus_client import REGISTRY
-
-    from registry.console import RingTraffic, set_traffic
-
-    interval = float(os.environ.get("LORAPLANE_CONSOLE_TRAFFIC_INTERVAL_S") or 10)
-    registries = [gateway_registry] if gateway_registry is REGISTRY else [gateway_registry, REGISTRY]
-    ring = RingTraffic(registries, interval_s=interval, capacity=max(2, int(3600 / interval))).start()
-    set_traffic(admin_app, ring)
-    return ring
-
-
 async def run_up(
     *, data_dir: Path, replicas: int, base_model: str, port: int, admin_port: int, demo: bool,
     host: str = "127.0.0.1", replica_engine: str = "sim", vllm: VllmOptions | None = None,
@@ -214,6 +200,7 @@ async def run_up(
     from registry import migrate
     from registry.api import create_admin_app
     from registry.audit_sink import BufferedAuditSink
+    from registry.console.wiring import local_traffic
     from registry.demo import demo_base_model
     from registry.feed import make_feed
     from registry.services.audit import DbAuditSink
@@ -268,7 +255,7 @@ async def run_up(
         admin_app = create_admin_app(
             reg_settings, engine=engine, store=store, feed=feed, replica_directory=router.directory
         )
-        traffic = console_traffic(admin_app, gateway.metrics.registry)
+        traffic = local_traffic(admin_app, gateway.metrics.registry)  # the console's traffic page
         servers = [
             make_server(admin_app, host, admin_port, log_level=gsettings.log_level),
             make_server(create_gateway_app(gateway), host, port, log_level=gsettings.log_level),

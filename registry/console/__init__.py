@@ -2,19 +2,19 @@
 
 ``install_console(app)`` adds the pages and ``/admin/ui/static`` to an admin app built by
 ``registry.api.create_admin_app``; ``set_traffic(app, source)`` gives it the traffic source
-(``RingTraffic`` when a gateway runs in the same process, as under ``loraplane up``).
+(``registry.console.wiring``: ``RingTraffic`` when a gateway runs in the same process, as under
+``loraplane up``; ``RedisTraffic`` fed by ``TrafficPublisher`` in separate gateway processes).
 
 Modules: ``web`` (templates, security headers, signed-in viewer, CSRF), ``session`` (signed
 cookie), ``routes_auth`` (sign-in/out), ``routes_adapters`` (adapters, adapter, confirmed
 changes), ``changes`` (actions and their rolled-back previews), ``routes_ops`` (replicas,
 traffic, tenants, audit), ``routes_approvals`` (promotion requests), ``replica_view``,
-``traffic`` and ``stats`` (traffic samples and rows).
+``traffic``, ``traffic_ring``, ``traffic_redis``, ``wiring`` and ``stats`` (traffic samples and
+rows), ``settings`` (``ConsoleSettings``).
 Actions call the same ``registry.services`` functions as the admin API's routes.
 """
 
 from __future__ import annotations
-
-import os
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -22,17 +22,21 @@ from fastapi.staticfiles import StaticFiles
 
 from registry.console import routes_adapters, routes_approvals, routes_auth, routes_ops
 from registry.console.session import SessionCodec, console_secret
-from registry.console.traffic import NoTraffic, RingTraffic, TrafficSource
+from registry.console.settings import ConsoleSettings
+from registry.console.traffic import NoTraffic, TrafficSource
+from registry.console.traffic_ring import RingTraffic
 from registry.console.web import BASE, HERE, ConsoleState, SignInRequired, redirect
 
 __all__ = ["BASE", "NoTraffic", "RingTraffic", "TrafficSource", "install_console", "set_traffic"]
 
 
 def install_console(app: FastAPI) -> None:
+    settings = ConsoleSettings()
+    explicit = settings.console_secret.get_secret_value() if settings.console_secret is not None else None
     app.state.console = ConsoleState(
-        codec=SessionCodec(console_secret(_admin_token(app))),
+        codec=SessionCodec(console_secret(explicit, _admin_token(app)), ttl_s=settings.console_session_ttl_s),
         traffic=NoTraffic(),
-        secure_cookies=os.environ.get("LORAPLANE_CONSOLE_SECURE_COOKIES", "") in ("1", "true", "yes"),
+        secure_cookies=settings.console_secure_cookies,
     )
     for module in (routes_auth, routes_adapters, routes_ops, routes_approvals):
         app.include_router(module.router, prefix=BASE, include_in_schema=False)

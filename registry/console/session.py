@@ -21,7 +21,6 @@ import base64
 import hashlib
 import hmac
 import json
-import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -49,8 +48,7 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def console_secret(admin_token: str | None) -> bytes:
-    explicit = os.environ.get("LORAPLANE_CONSOLE_SECRET")
+def console_secret(explicit: str | None, admin_token: str | None) -> bytes:
     if explicit:
         return explicit.encode()
     if admin_token:

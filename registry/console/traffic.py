@@ -8,12 +8,14 @@ counters back at zero — only costs one interval), and the window's totals are 
 sum (added when an interval enters the ring, subtracted when it leaves), so a page never walks
 an hour of samples for every series.
 
-- ``RingTraffic`` is the embedded default (``loraplane up``): a bounded ring (``capacity``
-  intervals, default 360 = one hour at 10 s) filled by a daemon thread that reads the
-  ``CollectorRegistry`` objects of the same process (the gateway's own registry and the global
-  one, where the router counts loads). No Prometheus server is needed.
-- ``NoTraffic`` is used when the admin API runs without a gateway in its process; the page
-  says so instead of drawing empty charts.
+- ``RingTraffic`` (:mod:`registry.console.traffic_ring`) is the embedded default
+  (``loraplane up``): a bounded ring (``capacity`` intervals, default 360 = one hour at 10 s)
+  filled by a daemon thread that reads the ``CollectorRegistry`` objects of the same process
+  (the gateway's own registry and the global one, where the router counts loads). No
+  Prometheus server is needed.
+- ``RedisTraffic`` (:mod:`registry.console.traffic_redis`) is for separate processes: each
+  gateway publishes its readings to Redis, the admin API's reader turns them into intervals.
+- ``NoTraffic`` is used when there is neither; the page says so instead of drawing empty charts.
 
 Metric names read (the gateway's and router's public ``/metrics`` names):
 ``loraplane_gateway_requests_total``, ``loraplane_gateway_errors_total``,
@@ -25,10 +27,7 @@ Metric names read (the gateway's and router's public ``/metrics`` names):
 from __future__ import annotations
 
 import math
-import threading
-import time
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -190,7 +189,23 @@ def difference(cur: Counters, prev: Counters) -> Counters:
     )
 
 
-def _add(into: Counters, d: Counters, sign: float) -> None:
+def deltas_between(cur: dict[Key, Counters], prev: dict[Key, Counters]) -> dict[Key, Counters]:
+    """The series that changed between two readings of one process, with what changed."""
+    empty = Counters()
+    return {
+        key: d
+        for key, c in cur.items()
+        if (d := difference(c, prev.get(key, empty))).requests or d.loads or d.cold_waits or d.errors
+    }
+
+
+def merge(into: dict[Key, Counters], more: dict[Key, Counters]) -> None:
+    """Add ``more``'s deltas into ``into`` (several gateways' intervals into one)."""
+    for key, d in more.items():
+        add_counters(into.setdefault(key, Counters()), d, 1.0)
+
+
+def add_counters(into: Counters, d: Counters, sign: float) -> None:
     into.requests += sign * d.requests
     into.errors += sign * d.errors
     into.tokens += sign * d.tokens
@@ -202,94 +217,5 @@ def _add(into: Counters, d: Counters, sign: float) -> None:
         into.itl[le] = into.itl.get(le, 0.0) + sign * v
 
 
-def _copy(c: Counters) -> Counters:
+def copy_counters(c: Counters) -> Counters:
     return Counters(c.requests, c.errors, c.tokens, c.loads, c.cold_waits, dict(c.ttft), dict(c.itl))
-
-
-class RingTraffic:
-    """Bounded in-process ring of intervals sampled from Prometheus registries of this process,
-    with the window's totals kept as a running sum."""
-
-    description = "sampled in this process from the embedded gateway's metrics"
-
-    def __init__(
-        self,
-        registries: list[CollectorRegistry],
-        *,
-        interval_s: float = 10.0,
-        capacity: int = 360,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._registries = list(registries)
-        self.interval_s = interval_s
-        self._clock = clock
-        self._capacity = capacity
-        self._ring: deque[tuple[Interval, dict[Key, Counters]]] = deque()
-        self._totals: dict[Key, Counters] = {}
-        self._last: Sample | None = None
-        self._start = 0.0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def sample(self) -> None:
-        """Read the registries now (the thread calls this every ``interval_s``)."""
-        self.add(Sample(self._clock(), read_registries(self._registries)))
-
-    def add(self, sample: Sample) -> None:
-        """Take one cumulative reading: it closes the interval since the previous one."""
-        with self._lock:
-            prev, self._last = self._last, sample
-            if prev is None:
-                self._start = sample.ts
-                return
-            empty = Counters()
-            deltas = {
-                key: d
-                for key, cur in sample.series.items()
-                if (d := difference(cur, prev.series.get(key, empty))).requests
-                or d.loads
-                or d.cold_waits
-                or d.errors
-            }
-            interval = Interval(
-                ts=sample.ts, series={k: (d.requests, quantile(0.5, d.ttft)) for k, d in deltas.items()}
-            )
-            self._ring.append((interval, deltas))
-            for key, d in deltas.items():
-                _add(self._totals.setdefault(key, Counters()), d, 1.0)
-            while len(self._ring) > self._capacity:
-                old, old_deltas = self._ring.popleft()
-                self._start = old.ts
-                for key, d in old_deltas.items():
-                    total = self._totals[key]
-                    _add(total, d, -1.0)
-                    if max(total.requests, total.errors, total.loads, total.cold_waits) <= 0:
-                        del self._totals[key]
-
-    def window(self) -> TrafficWindow:
-        with self._lock:
-            end = self._last.ts if self._last is not None else self._start
-            return TrafficWindow(
-                start=self._start,
-                end=end,
-                totals={k: _copy(c) for k, c in self._totals.items()},
-                intervals=[i for i, _ in self._ring],
-            )
-
-    def start(self) -> RingTraffic:
-        if self._thread is None:
-            self.sample()
-            self._thread = threading.Thread(target=self._run, name="console-traffic", daemon=True)
-            self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.sample()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 
+import redis
 from prometheus_client import CollectorRegistry
 
 from gateway.metrics import GatewayMetrics
 from registry.console.stats import sparkline, summarize
-from registry.console.traffic import Counters, RingTraffic, Sample, quantile, read_registries
+from registry.console.traffic import Counters, Sample, quantile, read_registries
+from registry.console.traffic_redis import KEEP_S, RedisTraffic, TrafficPublisher, decode, encode, traffic_key
+from registry.console.traffic_ring import RingTraffic
 from router.metrics import RouterMetrics
 
 
@@ -100,3 +103,67 @@ def test_rows_are_paged_and_charts_downsampled() -> None:
     points = sparkline(rows[0].requests_series).split()
     assert len(points) == 60 and points[0].startswith("0.0,")
     assert read_registries([]) == {}
+
+
+def test_gateways_publish_to_redis_and_the_admin_api_sums_their_intervals(
+    redis_url: str, redis_prefix: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    now = [5000.0]
+    gw_a, gw_b = GatewayMetrics(), GatewayMetrics()
+    pub_a = TrafficPublisher(client, redis_prefix, [gw_a.registry], gateway_id="gw-a", clock=lambda: now[0])
+    pub_b = TrafficPublisher(client, redis_prefix, [gw_b.registry], gateway_id="gw-b", clock=lambda: now[0])
+    source = RedisTraffic(client, redis_prefix, clock=lambda: now[0])
+
+    def pub_b_clock() -> float:
+        return now[0]
+
+    try:
+        _serve(gw_a, "support", "v1", 5, ttft=0.02)  # before the baseline: not in the window
+        pub_a.publish()
+        pub_b.publish()
+        source.read()  # baseline of both gateways
+
+        _serve(gw_a, "support", "v1", 3, ttft=0.02)
+        _serve(gw_b, "support", "v1", 4, ttft=0.02)
+        _serve(gw_b, "sql", "v2", 1, ttft=0.2)
+        now[0] += 10
+        pub_a.publish()
+        pub_b.publish()
+        source.read()
+        now[0] += 10
+        source.read()  # no new readings: an empty interval, nothing counted twice
+
+        gw_b2 = GatewayMetrics()  # gateway b restarted: its counters start again from zero
+        _serve(gw_b2, "support", "v1", 2, ttft=0.02)
+        pub_b2 = TrafficPublisher(
+            client, redis_prefix, [gw_b2.registry], gateway_id="gw-b", clock=lambda: now[0]
+        )
+        now[0] += 10
+        pub_b2.publish()
+        source.read()
+
+        rows, total = summarize(source.window())
+        assert total == 2
+        support, sql = rows
+        assert (support.adapter, support.requests) == ("support", 3 + 4 + 2)
+        assert support.requests_series == [7.0, 0.0, 2.0]
+        assert (sql.adapter, sql.version, sql.requests) == ("sql", "v2", 1)
+        assert sql.ttft_p50 is not None and 0.1 < sql.ttft_p50 <= 0.25
+        assert source.window().seconds == 30
+        # a reading older than an hour is a stopped gateway: dropped from Redis
+        now[0] += KEEP_S + 60
+        source.read()
+        assert client.hlen(traffic_key(redis_prefix)) == 0
+        client.hset(traffic_key(redis_prefix), "junk", "not json")
+        source.read()  # ignored, never an error
+    finally:
+        client.close()
+
+
+def test_readings_round_trip_through_their_wire_format() -> None:
+    series = {("a", "v1"): Counters(requests=3, errors=1, tokens=9, ttft={0.1: 2.0, math.inf: 3.0})}
+    ts, back = decode(encode(12.5, series)) or (0.0, {})
+    assert ts == 12.5 and back == series
+    assert decode('{"v": 2, "ts": 1, "series": []}') is None
+    assert decode(b"[]") is None
