@@ -30,7 +30,21 @@ class RegistrySettings(LoraplaneSettings):
     )
     allowed_sources: list[str] = Field(
         default_factory=list,
-        description='Prefixes that `source_uri` registration may read from, e.g. ["s3://bucket/adapters/"].',
+        description="Prefixes that `source_uri` registration may read from, and Hugging Face repositories "
+        '(glob patterns) it may import, e.g. ["s3://bucket/adapters/", "hf://my-org/*"].',
+    )
+    hf_endpoint: str | None = Field(
+        default=None,
+        description="Hugging Face Hub endpoint for `hf://` imports (a mirror or proxy); unset: the "
+        "`HF_ENDPOINT` environment variable, else https://huggingface.co.",
+    )
+    hf_token: SecretStr | None = Field(
+        default=None,
+        description="Token for `hf://` imports of private or gated repositories (never logged); unset: "
+        "anonymous (a token cached by `hf auth login` or `HF_TOKEN` is not used).",
+    )
+    hf_timeout_s: float = Field(
+        default=30.0, gt=0, description="Timeout of each request to the Hugging Face Hub (connect and read)."
     )
     max_adapter_bytes: int = Field(
         default=2 * 1024**3, description="Cap on the total bytes of one version (413 above it)."
