@@ -40,8 +40,9 @@ from router.placement import BASELINES, make_profile
 __all__ = ["PROFILES", "ClusterConfig", "RunResult", "main", "replay"]
 
 PROFILES = ("default", *BASELINES)
-# Extra rows: [label, profile, params] — the default profile with another evictor (opt-in).
-VARIANTS = [["default+cost-aware", "default", {"evictor": "cost-aware-keep-hot"}]]
+# Extra rows: [label, profile, params]. default-lru: the default profile as it was before the
+# cost-aware evictor and eviction-cost scorer (LRU idle eviction, free-slot scorer).
+VARIANTS = [["default-lru", "default", {"evictor": "lru-idle-keep-hot"}]]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

@@ -28,8 +28,8 @@ from itertools import repeat
 from operator import attrgetter
 from typing import ClassVar
 
-from router.placement.framework import Evictor, PickContext
-from router.placement.types import Resident
+from router.placement.framework import PRESENT, Evictor, PickContext, Scorer, Summary
+from router.placement.types import ReplicaView, Resident
 
 _RESIDENTS = attrgetter("residents")
 _INFLIGHT = attrgetter("inflight")
@@ -184,6 +184,87 @@ class CostAwareEvictor(HotCopyEvictor):
         now = ctx.now
         value = self.value
         return sorted(idle, key=lambda r: value(r, now))
+
+
+class EvictionCostScorer(Scorer):
+    """Prefers replicas where making room is cheap, as :class:`CostAwareEvictor` prices it.
+
+    | replica                                                        | score                          |
+    |----------------------------------------------------------------|--------------------------------|
+    | A present (staging/loading/resident) or base-model request     | 1.0                            |
+    | fewer than max_adapters registered (free slot)                 | 1.0                            |
+    | at max_adapters, cheapest idle adapter of eviction value ``v`` | 0.1 + (t − 0.1) / (1 + v/(c·s)) |
+    | at max_adapters, nothing idle to evict                         | 0.0                            |
+
+    ``v`` is the evictor's :meth:`CostAwareEvictor.value` of the replica's cheapest idle
+    adapter at ``now`` (requests × recency decay × reload time), ``c`` its ``load_fixed_s`` (the
+    price of one cold request), ``s`` = ``scale`` and ``t`` = ``top`` (< 1: a free slot is
+    preferred to any eviction). The cheapest adapter is found once per
+    view (memoised): all values decay at the same rate, so which one is cheapest does not
+    change with ``now`` (the highest of ``log(max(1, requests) × reload time) + last_used ×
+    ln 2 / half_life_s``, first in LRU order among equals, NaN ``last_used`` first). So a new
+    adapter evicts where it destroys least — the replicas together act like one cache, as in
+    the offline bound of ``benchmarks/bounds.py`` — instead of where the least recently used
+    adapter happens to be (``free-slot``).
+    """
+
+    bounded: ClassVar[bool] = True
+    name: ClassVar[str] = "eviction-cost"
+    reads: ClassVar[frozenset[str]] = frozenset({"residents", "max_adapters"})
+
+    def __init__(self, evictor: CostAwareEvictor | None = None, scale: float = 0.3, top: float = 0.8) -> None:
+        if not 0 < scale < math.inf or not 0.1 <= top <= 1.0:
+            raise ValueError("scale must be > 0 and finite, top in [0.1, 1]")
+        self.evictor = evictor or CostAwareEvictor()
+        self.scale = scale
+        self.top = top
+        ev = self.evictor
+        self._key = f"cheapest:{ev.half_life_s!r}:{ev.load_fixed_s!r}:{ev.load_bytes_per_s!r}"
+
+    def cheapest(self, view: ReplicaView, s: Summary) -> Resident | None:
+        """The idle resident of ``view`` that costs least to evict at any time (memoised)."""
+        d = view.derived
+        key = self._key
+        if key in d:
+            return d[key]  # type: ignore[no-any-return]
+        ev = self.evictor
+        rate = _LN2 / ev.half_life_s
+        best: Resident | None = None
+        low = math.inf
+        for r in s.idle_lru:
+            count = r.requests if r.requests > 1 else 1
+            cost = ev.load_fixed_s + (r.size_bytes if r.size_bytes > 0 else 0) / ev.load_bytes_per_s
+            k = math.log(count * cost) if cost > 0 else -math.inf
+            lu = r.last_used
+            k = -math.inf if lu != lu else k + lu * rate
+            if best is None or k < low:
+                best, low = r, k
+        d[key] = best
+        return best
+
+    def slot_score(self, view: ReplicaView, s: Summary, now: float) -> float:
+        """The score of ``view`` (summary ``s``) for an adapter not present there."""
+        if s.free:
+            return 1.0
+        r = self.cheapest(view, s)
+        if r is None:
+            return 0.0
+        ev = self.evictor
+        v = ev.value(r, now)
+        c = ev.load_fixed_s if ev.load_fixed_s > 0 else 1.0
+        return 0.1 + (self.top - 0.1) / (1.0 + v / (c * self.scale))
+
+    def score(self, ctx: PickContext) -> list[float]:
+        n = len(ctx.replicas)
+        if ctx.request.lora_name is None:
+            return [1.0] * n
+        now = ctx.now
+        slot = self.slot_score
+        out = [slot(v, s, now) for v, s in zip(ctx.replicas, ctx.sums, strict=True)]
+        for i, t in ctx.held.items():
+            if t.state in PRESENT:
+                out[i] = 1.0
+        return out
 
 
 EVICTORS: dict[str, type[Evictor]] = {

@@ -1,8 +1,9 @@
 """Fused fast path of the ``default`` profile: the same decisions as its generic pipeline.
 
 :class:`DefaultProfile` is a :class:`SchedulerProfile` whose ``pick`` — when its pipeline is
-exactly healthy → exclude → can-host, resident-affinity + running-set + free-slot + load with
-finite positive weights, max-score — computes the decision without the generic stages:
+exactly healthy → exclude → can-host, resident-affinity + running-set + eviction-cost (or
+free-slot) + load with finite positive weights, max-score — computes the decision without the
+generic stages:
 
 * Per view (memoised in ``ReplicaView.derived`` under a key naming the weights and the
   free-slot horizon, next to the :func:`summary`), a :class:`_Row` holds what does not depend
@@ -10,7 +11,10 @@ finite positive weights, max-score — computes the decision without the generic
   and that replica's weighted total for such an adapter — ``((w1·0 + w2·room) + w3·free) +
   w4·(1 − load)``, the generic ``_weighted_sum`` order — for every ``now`` at or after a
   threshold (``sat``: from then on the free-slot score of its LRU idle adapter is the constant
-  0.6; before it, the total is computed from ``now``); and the base-model total.
+  0.6; before it, the total is computed from ``now``); and the base-model total. With
+  eviction-cost, whose score of a full replica decays with ``now``, ``sat`` is +inf: that score
+  is computed at each pick from the view's memoised cheapest idle adapter (one ``exp``), exactly
+  as the generic scorer computes it.
 * Per pick: one comprehension reads every replica's row total (``-inf`` marks a replica the
   filters drop); the few replicas holding the requested adapter get the exact generic scores
   (resident-affinity needs all holders at once); excluded URLs are set to ``-inf``; the pick is
@@ -33,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 
-from router.placement.evictors import CostAwareEvictor, HotCopyEvictor, LruIdleEvictor
+from router.placement.evictors import CostAwareEvictor, EvictionCostScorer, HotCopyEvictor, LruIdleEvictor
 from router.placement.filters import CanHostFilter, ExcludeFilter, HealthyFilter
 from router.placement.framework import (
     PRESENT,
@@ -56,7 +60,9 @@ _NEG = -math.inf  # total of a replica the filters drop
 _INF = math.inf
 
 _FILTER_TYPES = (HealthyFilter, ExcludeFilter, CanHostFilter)
-_SCORER_TYPES = (ResidencyAffinityScorer, RunningSetScorer, FreeSlotScorer, LoadScorer)
+# The third scorer prices evictions: eviction-cost (the default, with the cost-aware evictor) or
+# free-slot (LRU age, with any other evictor).
+_SCORER_TYPES = (ResidencyAffinityScorer, RunningSetScorer, (FreeSlotScorer, EvictionCostScorer), LoadScorer)
 # Evictors that read only the chosen replica (``ctx.replicas[index]``, ``ctx.sums[index]``) and
 # ``ctx.all_replicas``: the fast path hands them a one-candidate context. Others get the full one.
 _CHOSEN_ONLY_EVICTORS: tuple[type[Evictor], ...] = (Evictor, LruIdleEvictor, HotCopyEvictor, CostAwareEvictor)
@@ -65,10 +71,11 @@ _CHOSEN_ONLY_EVICTORS: tuple[type[Evictor], ...] = (Evictor, LruIdleEvictor, Hot
 class _Row:
     """Request-independent facts of one view for one (weights, idle horizon) — see module doc."""
 
-    __slots__ = ("b", "base", "d", "s", "sat", "t")
+    __slots__ = ("b", "base", "d", "s", "sat", "t", "v")
 
     def __init__(
         self,
+        v: ReplicaView,
         s: Summary | None,
         t: float,
         sat: float,
@@ -76,6 +83,7 @@ class _Row:
         d: float,
         base: float,
     ) -> None:
+        self.v = v
         self.s = s  # the view's summary (None for an unhealthy view: not needed)
         self.t = t  # total for an adapter not held there when now >= sat; -inf: dropped
         self.sat = sat  # see t; -inf when the total does not depend on now
@@ -139,19 +147,31 @@ class DefaultProfile(SchedulerProfile):
         """What the fast path relies on, or None when the pipeline is not the default one."""
         if tuple(type(f) for f in self.filters) != _FILTER_TYPES:
             return None
-        if tuple(type(s) for s, _ in self.scorers) != _SCORER_TYPES:
+        types = tuple(type(s) for s, _ in self.scorers)
+        if len(types) != 4 or any(
+            not (t in want if isinstance(want, tuple) else t is want)
+            for t, want in zip(types, _SCORER_TYPES, strict=True)
+        ):
             return None
         if type(self.picker) is not MaxScorePicker:
             return None
         if not all(math.isfinite(w) and w > 0.0 for w in self._weights):
             return None
-        free_slot = self.scorers[2][0]
-        assert isinstance(free_slot, FreeSlotScorer)
-        h = free_slot.idle_horizon_s
-        if not (math.isfinite(h) and h > 0.0):
-            return None
+        slot = self.scorers[2][0]
         w1, w2, w3, w4 = self._weights
         self._w = (w1, w2, w3, w4)
+        if isinstance(slot, EvictionCostScorer):
+            # Its score of a full replica changes with now (decay) and is computed at each pick
+            # (the row's t holds it for now = +inf only).
+            self._cost: EvictionCostScorer | None = slot
+            self._h = math.inf
+            self._key = f"fused-default:{w1!r}:{w2!r}:{w3!r}:{w4!r}:cost:{slot.scale!r}:{slot.top!r}"
+            return (self.filters, self.scorers, self.picker, None)
+        assert isinstance(slot, FreeSlotScorer)
+        h = slot.idle_horizon_s
+        if not (math.isfinite(h) and h > 0.0):
+            return None
+        self._cost = None
         self._h = h
         # One memo per (weights, horizon): profiles with the same parameters share it.
         self._key = f"fused-default:{w1!r}:{w2!r}:{w3!r}:{w4!r}:{h!r}"
@@ -166,7 +186,7 @@ class DefaultProfile(SchedulerProfile):
             self.filters is filters
             and self.scorers is scorers
             and self.picker is picker
-            and self.scorers[2][0].idle_horizon_s == h  # type: ignore[attr-defined]
+            and (h is None or self.scorers[2][0].idle_horizon_s == h)  # type: ignore[attr-defined]
         )
 
     # ------------------------------------------------------------------ per-view memo
@@ -174,7 +194,7 @@ class DefaultProfile(SchedulerProfile):
     def _row(self, v: ReplicaView) -> _Row:
         w1, w2, w3, w4 = self._w
         if not v.healthy:
-            r = _Row(None, _NEG, _NEG, 0.0, 0.0, _NEG)
+            r = _Row(v, None, _NEG, _NEG, 0.0, 0.0, _NEG)
         else:
             s = v.derived.get("summary") or summary(v)
             b = w1 * 0.0 + w2 * s.room
@@ -182,17 +202,25 @@ class DefaultProfile(SchedulerProfile):
             base = w1 * 0.0 + w2 * 1.0 + w3 * 1.0 + d
             x = s.lru_last_used
             if not s.takes_new:
-                r = _Row(s, _NEG, _NEG, b, d, base)
+                r = _Row(v, s, _NEG, _NEG, b, d, base)
             elif s.free:
-                r = _Row(s, b + w3 * 1.0 + d, _NEG, b, d, base)
+                r = _Row(v, s, b + w3 * 1.0 + d, _NEG, b, d, base)
             else:  # full but takes a new adapter by evicting: something is idle (x is not None)
                 assert x is not None
-                r = _Row(s, b + w3 * 0.6 + d, _threshold(x, self._h), b, d, base)
+                cost = self._cost
+                if cost is None:
+                    r = _Row(v, s, b + w3 * 0.6 + d, _threshold(x, self._h), b, d, base)
+                else:  # computed at each pick, but for now = +inf (every price decayed to 0)
+                    r = _Row(v, s, b + w3 * cost.slot_score(v, s, _INF) + d, _INF, b, d, base)
         v.derived[self._key] = r
         return r
 
-    def _free_slot(self, s: Summary, now: float) -> float:
-        """FreeSlotScorer's score of a replica for an adapter not present there."""
+    def _free_slot(self, v: ReplicaView, s: Summary, now: float) -> float:
+        """The third scorer's score of a replica for an adapter not present there
+        (EvictionCostScorer or FreeSlotScorer)."""
+        cost = self._cost
+        if cost is not None:
+            return cost.slot_score(v, s, now)
         if s.free:
             return 1.0
         x = s.lru_last_used
@@ -207,7 +235,7 @@ class DefaultProfile(SchedulerProfile):
         s = r.s
         if r.sat == _NEG or s is None:
             return r.t
-        return r.b + self._w[2] * self._free_slot(s, now) + r.d
+        return r.b + self._w[2] * self._free_slot(r.v, s, now) + r.d
 
     # ------------------------------------------------------------------ pick
 
@@ -298,7 +326,7 @@ class DefaultProfile(SchedulerProfile):
                     totals[i] = w + (w_run if f > 0 else r.b) + w_c + r.d
             elif s.takes_new:  # failed/unloading there: affinity 0, free-slot as for any replica
                 b = 1.0 if t.inflight > 0 else s.room
-                totals[i] = w1 * 0.0 + w2 * b + w3 * self._free_slot(s, now) + r.d
+                totals[i] = w1 * 0.0 + w2 * b + w3 * self._free_slot(v, s, now) + r.d
             else:
                 totals[i] = _NEG
         if not tg:

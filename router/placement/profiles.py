@@ -4,12 +4,14 @@
 its own RNG / round-robin counter). Profiles:
 
 - ``default`` — loraplane's policy: resident affinity with demand-driven replication and
-  hysteresis, running-set (max_loras) awareness, free registration slots, load.
+  hysteresis, running-set (max_loras) awareness, free registration slots then the cheapest
+  eviction (``eviction-cost``), load; cost-aware eviction (frequency × recency × reload time).
 - ``round-robin``, ``least-request``, ``random`` — baselines.
 - ``gie-lora-affinity`` — the Gateway API Inference Extension's lora-affinity + queue +
   kv-cache scorers, max-score picker with random tie-break.
 - ``custom`` — any pipeline from the plugin registries: ``filters=[...]``,
-  ``scorers=[[name, weight, {params}], ...]``, ``picker=name`` or ``[name, {params}]``.
+  ``scorers=[[name, weight, {params}], ...]``, ``picker=name`` or ``[name, {params}]``,
+  ``evictor=name`` or ``[name, {params}]``.
 
 All baselines use the same filters (healthy, exclude, can-host) and the same LRU idle eviction
 (``lru-idle``, which like every evictor keeps hot copies: ``router/placement/evictors.py``), so
@@ -22,7 +24,13 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from router.placement.evictors import EVICTORS, HotCopyEvictor, LruIdleEvictor
+from router.placement.evictors import (
+    EVICTORS,
+    CostAwareEvictor,
+    EvictionCostScorer,
+    HotCopyEvictor,
+    LruIdleEvictor,
+)
 from router.placement.filters import FILTERS, CanHostFilter, ExcludeFilter, HealthyFilter
 from router.placement.framework import Evictor, Filter, Picker, SchedulerProfile, Scorer
 from router.placement.fused import DefaultProfile
@@ -53,9 +61,11 @@ def _filters() -> list[Filter]:
 DEFAULT_WEIGHTS: dict[str, float] = {
     "resident-affinity": 3.0,
     "running-set": 2.0,
-    "free-slot": 1.0,
+    "eviction-cost": 2.0,  # with the cost-aware evictor (the default)
+    "free-slot": 1.0,  # with any other evictor, in eviction-cost's place
     "load": 1.0,
 }
+DEFAULT_EVICTOR = "cost-aware-keep-hot"
 
 
 def default_profile(
@@ -65,24 +75,20 @@ def default_profile(
     adapter_high: float = 0.25,
     low_water: float = 0.05,
     idle_horizon_s: float = 60.0,
-    evictor: Any = "lru-idle-keep-hot",
+    evictor: Any = DEFAULT_EVICTOR,
 ) -> SchedulerProfile:
     """loraplane's default policy (see README.md for the tables).
 
     ``evictor`` names a registered evictor (``name`` or ``[name, {params}]``); the keep-hot ones
-    take the profile's ``low_water`` unless their params set it."""
+    take the profile's ``low_water`` unless their params set it. With ``cost-aware-keep-hot`` the
+    third scorer is ``eviction-cost`` (pricing evictions as that evictor does), with any other
+    ``free-slot`` (``idle_horizon_s``); ``weights`` may name both, the one not used is ignored."""
     w = dict(DEFAULT_WEIGHTS)
     if weights:
         unknown = set(weights) - set(w)
         if unknown:
             raise ValueError(f"unknown scorer weights for the default profile: {sorted(unknown)}")
         w.update({k: float(v) for k, v in weights.items()})
-    scorers: list[tuple[Scorer, float]] = [
-        (ResidencyAffinityScorer(high_water, adapter_high, low_water), w["resident-affinity"]),
-        (RunningSetScorer(), w["running-set"]),
-        (FreeSlotScorer(idle_horizon_s), w["free-slot"]),
-        (LoadScorer(), w["load"]),
-    ]
     if isinstance(evictor, str):
         evictor = [evictor, {}]
     if isinstance(evictor, list | tuple) and evictor and isinstance(evictor[0], str):
@@ -91,6 +97,17 @@ def default_profile(
         if cls is not None and issubclass(cls, HotCopyEvictor) and "low_water" not in params:
             evictor = [evictor[0], {**params, "low_water": low_water}]
     ev: Evictor = _plugin(EVICTORS, "evictor", evictor)[0]
+    slot: tuple[Scorer, float] = (
+        (EvictionCostScorer(ev), w["eviction-cost"])
+        if isinstance(ev, CostAwareEvictor)
+        else (FreeSlotScorer(idle_horizon_s), w["free-slot"])
+    )
+    scorers: list[tuple[Scorer, float]] = [
+        (ResidencyAffinityScorer(high_water, adapter_high, low_water), w["resident-affinity"]),
+        (RunningSetScorer(), w["running-set"]),
+        slot,
+        (LoadScorer(), w["load"]),
+    ]
     return DefaultProfile("default", _filters(), scorers, MaxScorePicker(), ev)
 
 
@@ -125,6 +142,10 @@ def gie_profile(
     return SchedulerProfile(
         "gie-lora-affinity", _filters(), scorers, MaxScoreRandomTiePicker(seed), LruIdleEvictor()
     )
+
+
+# The scorer registry plus eviction-cost (defined with the evictor whose prices it reads).
+_SCORERS: dict[str, type[Scorer]] = {**SCORERS, EvictionCostScorer.name: EvictionCostScorer}
 
 
 def _plugin(registry: Mapping[str, type[Any]], kind: str, spec: Any) -> tuple[Any, list[Any]]:
@@ -162,7 +183,7 @@ def custom_profile(
         fs.append(CanHostFilter())  # never evict an adapter with requests in flight
     ss: list[tuple[Scorer, float]] = []
     for spec in scorers or []:
-        scorer, rest = _plugin(SCORERS, "scorer", spec)
+        scorer, rest = _plugin(_SCORERS, "scorer", spec)
         weight = float(rest[0]) if rest else 1.0
         ss.append((scorer, weight))
     pk: Picker = _plugin(PICKERS, "picker", picker)[0]

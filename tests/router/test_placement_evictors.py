@@ -17,12 +17,13 @@ from router.placement import make_profile, profile_from_config
 from router.placement.evictors import (
     EVICTORS,
     CostAwareEvictor,
+    EvictionCostScorer,
     HotCopyEvictor,
     LruIdleEvictor,
     final_victims,
     keeps_hot_copy,
 )
-from router.placement.framework import Evictor, PickContext, SchedulerProfile
+from router.placement.framework import Evictor, PickContext, SchedulerProfile, summary
 from router.placement.fused import DefaultProfile
 from router.placement.types import Decision, PlacementRequest, ReplicaView, Resident
 from tests.router.test_placement_support import res, view
@@ -241,7 +242,7 @@ def test_default_profile_takes_another_evictor() -> None:
     ev = profile_from_config("default", params).evictor
     assert isinstance(ev, CostAwareEvictor) and (ev.low_water, ev.half_life_s) == (0.1, 9)
     assert type(make_profile("default", evictor="lru-idle").evictor) is LruIdleEvictor
-    assert type(make_profile("default").evictor) is HotCopyEvictor
+    assert type(make_profile("default").evictor) is CostAwareEvictor
     with pytest.raises(ValueError, match="unknown evictor"):
         make_profile("default", evictor="lfu")
 
@@ -277,3 +278,52 @@ def test_default_with_the_cost_aware_evictor_fused_equals_generic() -> None:
         assert outcome(got) == outcome(want)
         evicted += bool(got.evict)
     assert evicted > 50
+
+
+# ---------------------------------------------------------------- eviction-cost scorer
+
+
+def test_eviction_cost_scorer_table() -> None:
+    sc = EvictionCostScorer(CostAwareEvictor(half_life_s=60.0, load_fixed_s=0.15), scale=0.3, top=0.8)
+    now = 100.0
+    free = view("free", freq("x", now, 5), max_adapters=2)
+    fresh = view("fresh", freq("y", now, 1), max_adapters=1)  # v = 0.15: price of one cold request
+    stale = view("stale", freq("z", now - 600.0, 1), max_adapters=1)  # 10 half-lives: v ≈ 0
+    busy = view("busy", res("b", inflight=2), max_adapters=1)
+    holder = view("holder", freq("a", now, 50), max_adapters=1)
+    failed = view("failed", res("a", state="failed"), freq("w", now, 1), max_adapters=1)
+    ctx = PickContext(hot_req("a", {}), [free, fresh, stale, busy, holder, failed], now)
+    got = sc.score(ctx)
+    assert got[0] == 1.0 and got[3] == 0.0 and got[4] == 1.0
+    assert got[1] == pytest.approx(0.1 + 0.7 / (1 + 1 / 0.3))
+    assert got[2] == pytest.approx(0.8, abs=5e-3) and got[2] < 0.8
+    assert got[5] == pytest.approx(got[1])  # failed there: priced like any other full replica
+    assert sc.score(PickContext(hot_req("a", {}), [fresh], now)) != [1.0]
+    assert sc.score(PickContext(PlacementRequest(None, None), [fresh, busy], now)) == [1.0, 1.0]
+    with pytest.raises(ValueError):
+        EvictionCostScorer(scale=0.0)
+    with pytest.raises(ValueError):
+        EvictionCostScorer(top=1.5)
+
+
+def test_eviction_cost_prices_the_cheapest_idle_adapter_whatever_now() -> None:
+    """The memoised cheapest adapter is the one of lowest value at any later time (all prices
+    decay at the same rate), and a replica whose cheapest eviction costs less scores higher."""
+    ev = CostAwareEvictor(half_life_s=30.0)
+    sc = EvictionCostScorer(ev)
+    rng = random.Random(2)
+    for _ in range(300):
+        residents = [
+            freq(f"a{k}", rng.uniform(0.0, 100.0), rng.randint(0, 30), rng.choice((0, 1 << 20, 1 << 31)))
+            for k in range(rng.randint(1, 8))
+        ]
+        v = view("r", *residents, max_adapters=len(residents))
+        s = summary(v)
+        best = sc.cheapest(v, s)
+        assert best is not None
+        for now in (100.0, 130.0, 1000.0):
+            assert ev.value(best, now) == pytest.approx(min(ev.value(r, now) for r in residents), rel=1e-9)
+    cheap = view("cheap", freq("x", 0.0, 3), max_adapters=1)
+    dear = view("dear", freq("y", 90.0, 3), max_adapters=1)
+    a, b = sc.score(PickContext(hot_req("a", {}), [cheap, dear], 100.0))
+    assert 0.1 < b < a < sc.top

@@ -128,7 +128,8 @@ def test_default_replicates_hot_adapter_once_under_oscillating_load() -> None:
     cap = 100
     replicas = [
         view("r0", res("hot", inflight=79), max_num_seqs=cap, max_loras=4),
-        view("r1", res("cold1", last_used=1.0), max_num_seqs=cap, max_loras=4, max_adapters=1),
+        # r1 is full, its one adapter idle for long (cheap to evict: a copy may go there).
+        view("r1", res("cold1", last_used=-1000.0), max_num_seqs=cap, max_loras=4, max_adapters=1),
         view("r2", res("x", inflight=60), res("y", inflight=10), max_num_seqs=cap, max_adapters=2),
     ]
     actions = []
