@@ -25,6 +25,7 @@ import orjson
 
 from simulator.adapters import AdapterNotFound, AdapterRejected, inspect_adapter
 from simulator.asgi_io import Receive, Request, Scope, Send, send_error, send_json, send_response
+from simulator.behaviours import BehaviourError
 from simulator.config import SimConfig
 from simulator.engine import EngineModel
 from simulator.generate import handle_generate
@@ -263,10 +264,12 @@ class SimApp:
             body = orjson.loads(await req.body())
             if not isinstance(body, dict):
                 raise ValueError("body must be a JSON object")
-            if body.pop("reset", False):
-                fresh = type(self.config.faults)()
-                self.config.faults.update(fresh.as_dict())
+            if body.pop("reset", False):  # defaults first, then the body's fields: one change
+                body = {**type(self.config.faults)().as_dict(), **body}
             self.config.faults.update(body)
+        except BehaviourError as exc:
+            await send_json(req.send, 400, {"detail": str(exc), "problems": exc.problems})
+            return
         except (ValueError, orjson.JSONDecodeError) as exc:
             await send_json(req.send, 400, {"detail": str(exc)})
             return

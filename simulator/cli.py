@@ -13,6 +13,8 @@ import time
 
 import typer
 
+from simulator.behaviours import ENV_VAR as BEHAVIOURS_ENV
+from simulator.behaviours import BehaviourError, load_behaviours
 from simulator.config import FaultState, SimConfig
 from simulator.engine import ALLOWED_LORA_RANKS, TimingParams
 
@@ -119,6 +121,12 @@ def simulate(
     exit_after_requests: int | None = typer.Option(
         None, "--exit-after-requests", help="Exit after N requests."
     ),
+    behaviours: str | None = typer.Option(
+        None,
+        "--behaviours",
+        envvar=BEHAVIOURS_ENV,
+        help="Simulated behaviours per adapter: a JSON object inline (starts with '{') or a file path.",
+    ),
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
     """Run one simulated vLLM replica (vLLM's HTTP API, LoRA slots, load latency, faults)."""
@@ -164,6 +172,10 @@ def simulate(
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+    try:
+        faults.behaviours = load_behaviours(behaviours or "")
+    except BehaviourError as exc:
+        raise typer.BadParameter("\n  ".join(exc.problems), param_hint="--behaviours") from None
     config = SimConfig(
         model=model,
         max_model_len=max_model_len,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from simulator.behaviours import BehaviourSet, parse_behaviours
 from simulator.engine import ALLOWED_LORA_RANKS, TimingParams
 
 VLLM_VERSION = "0.33.0"
@@ -23,6 +25,7 @@ class FaultState:
     stall_s: float = 0.0  # pause every request for S seconds ...
     stall_after_tokens: int = 1  # ... after this many tokens
     exit_after_requests: int | None = None  # the process exits after N generation requests
+    behaviours: BehaviourSet = field(default_factory=BehaviourSet)  # simulated behaviours per adapter
 
     _FIELDS = (
         "fail_loads",
@@ -34,17 +37,29 @@ class FaultState:
         "stall_s",
         "stall_after_tokens",
         "exit_after_requests",
+        "behaviours",
     )
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self._FIELDS}
+        out = {k: getattr(self, k) for k in self._FIELDS}
+        out["behaviours"] = self.behaviours.as_json()
+        return out
 
     def update(self, changes: dict[str, Any]) -> None:
-        """Apply ``changes`` (validated); ValueError on an unknown field or bad value."""
+        """Apply ``changes`` all or nothing; ValueError (``BehaviourError`` for ``behaviours``) on an
+        unknown field or a bad value, and then nothing has changed."""
+        trial = copy.copy(self)
+        trial._apply(changes)
+        for key in self._FIELDS:
+            setattr(self, key, getattr(trial, key))
+
+    def _apply(self, changes: dict[str, Any]) -> None:
         for key, value in changes.items():
             if key not in self._FIELDS:
                 raise ValueError(f"unknown fault field {key!r}")
-            if key == "dead":
+            if key == "behaviours":  # the whole set is replaced; null or {} clears it
+                value = parse_behaviours(value)
+            elif key == "dead":
                 if not isinstance(value, bool):
                     raise ValueError("dead must be a boolean")
             elif key in ("slow_load_s", "stall_s"):

@@ -11,16 +11,20 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from simulator.asgi_io import JSON_CT, Request, send_error, send_response
+from simulator.behaviours import Behaviour, Draws
 from simulator.engine import EngineEvent
 from simulator.lora_api import LoadError, read_json_object
+from simulator.outputs import json_answer, refusal
 from simulator.parsing import Choice, Parsed, observe_choice, parse_request, usage_obj
-from simulator.sse import AbortConnection, stream_response
-from simulator.textgen import generate
+from simulator.sse import GENERATION_ERROR, AbortConnection, stream_response, stretch
+from simulator.textgen import Generation, generate
 
 if TYPE_CHECKING:
     from simulator.app import SimApp
 
 __all__ = ["AbortConnection", "handle_generate"]
+
+HEALTHY = Behaviour()
 
 
 async def handle_generate(app: SimApp, req: Request, chat: bool) -> None:
@@ -33,12 +37,22 @@ async def handle_generate(app: SimApp, req: Request, chat: bool) -> None:
         await send_error(req.send, exc.status, exc.message, exc.type_, exc.param)
         return
     rid = os.urandom(8).hex()
+    served = p.lora or app.config.model
+    behaviour = app.config.faults.behaviours.lookup(served) or HEALTHY
+    draws = Draws.for_request(served, [text for text, _ in p.prompts], p.request_seed)
+    fails = behaviour.error_rate > 0 and draws.draw("error") < behaviour.error_rate
     k = 0
     for text, ntok in p.prompts:
         group = [p.n, 0, p.n]  # one vLLM parent request per prompt
         for i in range(p.n):
-            gen = generate(p.identity, text, max_tokens=p.max_tokens, seed=p.seed, index=i, stop=p.stop)
-            p.choices.append(Choice(k, gen, f"{rid}-{k}", ntok, p.max_tokens, group))
+            gen = _answer(p, behaviour, draws, text, i, k)
+            if fails and k == 0:  # the engine fails this request after some tokens (vLLM: finish "error")
+                cut = 1 + int(draws.draw("error-at") * gen.num_tokens)
+                gen = Generation(gen.pieces[:cut], "error", None)
+            ch = Choice(
+                k, gen, f"{rid}-{k}", ntok, p.max_tokens, latency_factor=behaviour.latency_factor, group=group
+            )
+            p.choices.append(ch)
             k += 1
     app.metrics.mark_traffic()
     app.in_flight += 1
@@ -52,9 +66,20 @@ async def handle_generate(app: SimApp, req: Request, chat: bool) -> None:
         app.request_done()
 
 
+def _answer(p: Parsed, behaviour: Behaviour, draws: Draws, text: str, i: int, k: int) -> Generation:
+    """Choice ``i`` of prompt ``text`` (choice ``k`` of the request) as the behaviour shapes it."""
+    if behaviour.refusal_rate > 0 and draws.draw("refusal", k) < behaviour.refusal_rate:
+        return refusal(draws.draw("refusal-text", k), p.max_tokens)
+    if behaviour.output != "text":
+        broken = behaviour.output == "broken_json"
+        return json_answer(p.identity, text, max_tokens=p.max_tokens, seed=p.seed, index=i, broken=broken)
+    return generate(p.identity, text, max_tokens=p.max_tokens, seed=p.seed, index=i, stop=p.stop)
+
+
 async def _unary(app: SimApp, req: Request, p: Parsed, rid: str) -> None:
     loop = asyncio.get_running_loop()
     futs = []
+    t0 = time.monotonic()
     for ch in p.choices:
         fut: asyncio.Future[EngineEvent] = loop.create_future()
         futs.append(fut)
@@ -70,9 +95,13 @@ async def _unary(app: SimApp, req: Request, p: Parsed, rid: str) -> None:
         for ch in p.choices:
             app.driver.abort(ch.req_id)
         raise
+    await stretch(t0, max(f.result().time for f in futs), p.choices[0].latency_factor)
     faults = app.config.faults
     if faults.stall_s > 0:
         await asyncio.sleep(faults.stall_s)
+    if any(ch.gen.finish_reason == "error" for ch in p.choices):  # vLLM's GenerationError
+        await send_error(req.send, 500, GENERATION_ERROR, "InternalServerError", None)
+        return
     created = int(time.time())
     prompt_total = sum(ntok for _, ntok in p.prompts)
     completion_total = sum(ch.gen.num_tokens for ch in p.choices)
@@ -81,6 +110,8 @@ async def _unary(app: SimApp, req: Request, p: Parsed, rid: str) -> None:
         choices = [
             {
                 "index": ch.index,
+                # vLLM 0.32's ChatMessage: ``reasoning`` (not ``reasoning_content``); an empty
+                # ``tool_calls`` list is dropped from the body
                 "message": {
                     "role": "assistant",
                     "content": ch.gen.text,
@@ -88,13 +119,13 @@ async def _unary(app: SimApp, req: Request, p: Parsed, rid: str) -> None:
                     "annotations": None,
                     "audio": None,
                     "function_call": None,
-                    "tool_calls": [],
-                    "reasoning_content": None,
+                    "reasoning": None,
                 },
                 "logprobs": None,
                 "finish_reason": ch.gen.finish_reason,
                 "stop_reason": ch.gen.stop_reason,
                 "token_ids": None,
+                "routed_experts": None,
             }
             for ch in p.choices
         ]
@@ -109,7 +140,10 @@ async def _unary(app: SimApp, req: Request, p: Parsed, rid: str) -> None:
             "usage": usage_obj(prompt_total, completion_total),
             "prompt_logprobs": None,
             "prompt_token_ids": None,
+            "prompt_text": None,
             "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
     else:
         choices = [
@@ -122,6 +156,7 @@ async def _unary(app: SimApp, req: Request, p: Parsed, rid: str) -> None:
                 "token_ids": None,
                 "prompt_logprobs": None,
                 "prompt_token_ids": None,
+                "routed_experts": None,
             }
             for ch in p.choices
         ]
@@ -135,6 +170,8 @@ async def _unary(app: SimApp, req: Request, p: Parsed, rid: str) -> None:
             "system_fingerprint": app.fingerprint,
             "usage": usage_obj(prompt_total, completion_total),
             "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
     await send_response(req.send, 200, orjson.dumps(out), (JSON_CT,))
 

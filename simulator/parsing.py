@@ -21,6 +21,7 @@ class Choice:
     req_id: str
     prompt_tokens: int
     max_tokens: int | None = None  # the request's max_tokens (vllm:request_params_max_tokens)
+    latency_factor: float = 1.0  # the served adapter's simulated behaviour stretches its times
     # shared by the n choices of one prompt (vLLM's ParentRequest): [unfinished, max generated, n]
     group: list[int] = field(default_factory=lambda: [1, 0, 1])
 
@@ -35,6 +36,7 @@ class Parsed:
     max_tokens: int
     n: int
     seed: int
+    request_seed: int | None  # the request's own ``seed`` (None: unseeded, like vLLM sampling)
     stop: list[str] | None
     stream: bool
     include_usage: bool
@@ -148,7 +150,7 @@ def parse_request(app: SimApp, body: dict[str, Any], chat: bool) -> Parsed:
     assert n is not None
     if n > 64:
         raise _bad("n must be at most 64.", "n")
-    seed = _int_field(body, "seed", 0, -(2**63))
+    seed = _int_field(body, "seed", None, -(2**63))
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -176,6 +178,7 @@ def parse_request(app: SimApp, body: dict[str, Any], chat: bool) -> Parsed:
         max_tokens=max_tokens,
         n=n,
         seed=int(seed or 0) ^ app.config.seed,
+        request_seed=seed,
         stop=stop or None,
         stream=stream,
         include_usage=bool(opts and opts.get("include_usage")),
@@ -184,11 +187,14 @@ def parse_request(app: SimApp, body: dict[str, Any], chat: bool) -> Parsed:
 
 
 def usage_obj(prompt: int, completion: int) -> dict[str, Any]:
+    """``usage`` of a whole (non-streamed) answer, as vLLM 0.32's ``UsageInfo.model_dump()``:
+    both details null (no ``--enable-prompt-tokens-details``, no reasoning parser)."""
     return {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
 
 
@@ -198,14 +204,19 @@ def observe_choice(app: SimApp, ch: Choice, ev: EngineEvent) -> None:
         return
     metrics = app.metrics
     num_tokens = ch.gen.num_tokens
+    f, t0 = ch.latency_factor, t.arrival
+
+    def at(x: float) -> float:  # the time the client sees (a behaviour's latency_factor)
+        return t0 + (x - t0) * f
+
     metrics.observe_finished(
         prompt_tokens=ch.prompt_tokens,
         completion_tokens=num_tokens,
         finish_reason=ch.gen.finish_reason,
-        arrival=t.arrival,
-        scheduled_at=t.scheduled_at if t.scheduled_at is not None else t.arrival,
-        first_token_at=t.first_token_at if t.first_token_at is not None else ev.time,
-        finished_at=ev.time,
+        arrival=t0,
+        scheduled_at=at(t.scheduled_at if t.scheduled_at is not None else t0),
+        first_token_at=at(t.first_token_at if t.first_token_at is not None else ev.time),
+        finished_at=at(ev.time),
         max_tokens=ch.max_tokens,
     )
     g = ch.group
