@@ -193,6 +193,7 @@ def _check_vllm_python(python: str) -> None:
 async def run_up(
     *, data_dir: Path, replicas: int, base_model: str, port: int, admin_port: int, demo: bool,
     host: str = "127.0.0.1", replica_engine: str = "sim", vllm: VllmOptions | None = None,
+    sim_behaviours: str | None = None,
 ) -> None:  # fmt: skip
     from gateway import GatewaySettings, build_gateway, create_gateway_app
     from gateway.serving import make_server, serve_all, wait_started
@@ -243,7 +244,8 @@ async def run_up(
         )  # fmt: skip
     else:
         print(f"starting {replicas} simulated replica(s) of {base_model} …", flush=True)
-        sims = await asyncio.to_thread(start_simulators, replicas, model=base_model)
+        sim_args = ["--behaviours", sim_behaviours] if sim_behaviours else None
+        sims = await asyncio.to_thread(start_simulators, replicas, model=base_model, extra_args=sim_args)
         pool = PoolConfig(name="local", base_model=base_model, urls=[p.url for p in sims])
     try:
         rsettings = RouterSettings(**common, redis_url=None, pools=[pool])
@@ -347,6 +349,13 @@ def up(
         "--hf-id",
         help="--engine vllm: the base model's hub id that adapters name (default: from config.json).",
     ),
+    sim_behaviours: str | None = typer.Option(
+        None,
+        "--sim-behaviours",
+        envvar="LORAPLANE_SIM_BEHAVIOURS",
+        help="Simulated behaviours per adapter for the simulated replicas (see simulator/README.md): "
+        "a file path, or a JSON object inline.",
+    ),
 ) -> None:
     """Start everything on the embedded defaults: registry, gateway, router and simulated replicas
     (or, with ``--engine vllm --model DIR``, real vLLM replicas)."""
@@ -378,6 +387,15 @@ def up(
             hf_id=hf_id,
         )  # fmt: skip
 
+    if sim_behaviours:  # checked before anything starts; a file is passed by its absolute path
+        from simulator.behaviours import BehaviourError, load_behaviours
+
+        try:
+            load_behaviours(sim_behaviours)
+        except BehaviourError as exc:
+            raise typer.BadParameter("\n  ".join(exc.problems), param_hint="--sim-behaviours") from None
+        if not sim_behaviours.lstrip().startswith("{"):
+            sim_behaviours = str(Path(sim_behaviours.strip()).expanduser().resolve())
     setup_logging(
         os.environ.get("LORAPLANE_LOG_LEVEL", "INFO"), os.environ.get("LORAPLANE_LOG_JSON", "1") != "0"
     )
@@ -391,5 +409,6 @@ def up(
             demo=demo,
             replica_engine=engine,
             vllm=opts,
+            sim_behaviours=sim_behaviours,
         )
     )
