@@ -1,7 +1,8 @@
 """Conformance script: run one sequence of requests against ANY vLLM-compatible URL.
 
 Checks status codes, error ``type``s, JSON shapes and SSE framing of models, load/unload,
-completions, chat, streaming, metrics, tokenize and auth, as VLLM.md §1–§9 say real vLLM
+completions, chat, streaming, metrics, tokenize and auth, and the key sets of every chat and
+completions body and stream chunk (recursively, ``simulator.conformance_keys``), as real vLLM
 (0.32/0.33, runtime LoRA updating on) answers. Every check is meant to hold for a real vLLM
 server and for the simulator alike (nothing simulator-only).
 
@@ -32,6 +33,7 @@ from simulator.conformance_checks import (
     probes,
     unload,
 )
+from simulator.conformance_keys import keysets
 
 __all__ = ["Check", "Report", "main", "run_conformance"]
 
@@ -55,6 +57,7 @@ def run_conformance(
         probes(run, c, url, model, api_key)
         lora_lifecycle(run, c, model, name, adapter_dir, bad_rank_dir)
         generation(run, c, model, name)
+        keysets(run, c, model, name)
         metrics(run, c, model)
         unload(run, c, model, name)
     return report
