@@ -42,9 +42,12 @@ def install_console(app: FastAPI) -> None:
         app.include_router(module.router, prefix=BASE, include_in_schema=False)
     app.mount(BASE + "/static", StaticFiles(directory=str(HERE / "static")), name="console-static")
 
-    async def _sign_in(_req: Request, exc: Exception) -> Response:
+    async def _sign_in(req: Request, exc: Exception) -> Response:
         assert isinstance(exc, SignInRequired)
-        return redirect("/signin", next=exc.next_url)
+        resp = redirect("/signin", next=exc.next_url)
+        if req.headers.get("HX-Request"):  # a self-refreshing table: send the whole page to sign in
+            return Response(status_code=200, headers={"HX-Redirect": resp.headers["location"]})
+        return resp
 
     app.add_exception_handler(SignInRequired, _sign_in)
 

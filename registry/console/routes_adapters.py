@@ -17,6 +17,7 @@ from registry.console.web import Viewer, admin, check_csrf, error_page, redirect
 from registry.services import adapters as adapter_svc
 from registry.services import audit as audit_svc
 from registry.services import base_models as base_svc
+from registry.services import promotions as promo_svc
 from registry.services.records import AdapterRecord
 
 router = APIRouter()
@@ -81,15 +82,16 @@ async def adapter_page(
 ) -> Response:
     since = datetime.now(UTC) - AUDIT_WINDOW
 
-    def load(s: Any) -> tuple[AdapterRecord, list[Any]]:
+    def load(s: Any) -> tuple[AdapterRecord, list[Any], list[Any]]:
         rec = adapter_svc.describe_adapter(s, adapter_id)
         events = audit_svc.list_events(
             s, limit=500, subject_type="adapter", subject_id=adapter_id, since=since
         ).data
-        return rec, events[-AUDIT_SHOWN:][::-1]
+        pending = promo_svc.list_promotions(s, status="pending", adapter_id=adapter_id).data
+        return rec, events[-AUDIT_SHOWN:][::-1], pending
 
     try:
-        rec, events = await anyio.to_thread.run_sync(lambda: read(st, load))
+        rec, events, pending = await anyio.to_thread.run_sync(lambda: read(st, load))
     except LoraplaneError as e:
         return error_page(request, e, viewer)
     res = await residency(st)
@@ -100,6 +102,7 @@ async def adapter_page(
         "versions": sorted(rec.versions or [], key=lambda v: -int(v.version[1:])),
         "chain": chain_of(rec),
         "events": events,
+        "pending": pending,
         "why": why,
         "done": done,
         "placements": res.of_adapter(rec.id) if res.ok else None,

@@ -95,6 +95,12 @@ def test_next_never_leaves_the_console(client: TestClient) -> None:
         assert r.headers["location"] == f"{CONSOLE}/adapters", evil
 
 
+def test_a_refreshing_table_whose_session_ended_sends_the_page_to_sign_in(client: TestClient) -> None:
+    r = client.get(f"{CONSOLE}/adapters", headers={"HX-Request": "true"}, follow_redirects=False)
+    assert r.status_code == 200 and r.text == ""
+    assert r.headers["hx-redirect"] == f"{CONSOLE}/signin?next=%2Fadmin%2Fui%2Fadapters"
+
+
 def test_tampered_or_foreign_cookie_means_signed_out(client: TestClient) -> None:
     _sign_in(client)
     value = client.cookies["lp_console"]
@@ -224,6 +230,7 @@ def test_promote_with_approvals_records_a_request_and_another_principal_approves
     )
     assert "requested (pr-" in r.text and "waiting for 1 approval(s)" in r.text
     assert 'id="active-version">v1' in r.text
+    assert 'id="pending-promotions"' in r.text and "promote v2, 0/1 approvals" in r.text
     inbox = client.get(f"{CONSOLE}/approvals?adapter_id=adapter-0007").text
     assert "you requested this promotion: another approver must approve it" in inbox
     promotion = re.search(r'data-promotion="(pr-[^"]+)"', inbox)
