@@ -13,6 +13,7 @@ import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from kit.db import make_engine, make_session_factory, session_scope
 from kit.errors import LoraplaneError
 from registry import migrate
 from registry.demo import demo_base_model
-from registry.feed import PostgresNotifyFeed, bind_feed
+from registry.feed import InProcessFeed, PostgresNotifyFeed, bind_feed, publish_committed, read_revision
 from registry.repositories import base_models as base_repo
 from registry.services import adapters as adapter_svc
 from registry.services import lifecycle
@@ -382,3 +383,36 @@ async def test_the_safety_net_reload_does_not_hold_up_changes_and_repairs_drift(
         assert table.snapshot == full(factory)
     finally:
         await table.stop()
+
+
+async def test_embedded_platform_applies_changes_from_the_in_process_feed(tmp_path: Path) -> None:
+    """``loraplane up``: SQLite and the in-process feed; the same incremental path on a thread."""
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    migrate.upgrade(url)
+    eng = make_engine(url)
+    factory = make_session_factory(eng)
+    feed = InProcessFeed(initial_revision=lambda: read_revision(factory))
+    try:
+        seed(factory, "emb", 4)
+        table = RoutingTable(Counted(eng), feed=feed, apply_changes=snapshot_applier(eng), refresh_s=600)
+        await table.start()
+        try:
+            async with asyncio.timeout(10):
+                while table.notified_at is None:  # the feed's listener is registered
+                    await asyncio.sleep(0.01)
+            for fn in (
+                lambda s: lifecycle.promote(s, "emb-1", "v2", actor="t"),
+                lambda s: tenant_svc.put_grant(s, "emb-t", "emb-2", rpm=3, tpm=None, actor="t"),
+                lambda s: lifecycle.set_adapter_enabled(s, "emb-3", False, actor="t"),
+            ):
+                with session_scope(factory) as s:
+                    bind_feed(s, feed)
+                    fn(s)
+                publish_committed(s, feed)  # as the admin API does after the commit
+                await wait_revision(table, factory)
+            assert (table.reloads, table.applies, table.gaps) == (1, 3, 0)
+            assert table.snapshot == full(factory)
+        finally:
+            await table.stop()
+    finally:
+        eng.dispose()
