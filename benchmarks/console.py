@@ -35,7 +35,8 @@ from kit.db import make_engine, make_session_factory, session_scope
 from registry import migrate
 from registry.api import create_admin_app
 from registry.console import set_traffic
-from registry.console.traffic import Counters, RingTraffic, Sample
+from registry.console.traffic import Counters, Sample
+from registry.console.traffic_ring import RingTraffic
 from registry.demo import demo_base_model
 from registry.services import adapters as adapter_svc
 from registry.services import lifecycle, tenants
