@@ -105,7 +105,7 @@ def _glob_problem(key: str) -> str | None:
     if _CONTROL.search(key):
         return f"key {key!r} holds a control character"
     i = 0
-    while i < len(key):  # every '[' opens a non-empty character class that is closed
+    while i < len(key):  # every '[' opens a character class that is closed (fnmatch's rules)
         if key[i] == "[":
             j = i + 1
             if j < len(key) and key[j] == "!":
@@ -115,8 +115,6 @@ def _glob_problem(key: str) -> str | None:
             close = key.find("]", j)
             if close < 0:
                 return f"key {key!r}: '[' at position {i} is never closed"
-            if close == i + 1 or (close == i + 2 and key[i + 1] == "!"):
-                return f"key {key!r}: empty character class at position {i}"
             i = close
         i += 1
     return None

@@ -83,7 +83,8 @@ async def test_completion_and_chat_shapes() -> None:
         ch = body["choices"][0]
         assert ch["index"] == 0 and ch["finish_reason"] == "length" and ch["logprobs"] is None
         assert body["usage"] == {"prompt_tokens": 3, "total_tokens": 10, "completion_tokens": 7,
-                                 "prompt_tokens_details": None, "completion_tokens_details": None}  # fmt: skip
+                                 "prompt_tokens_details": None,
+                                 "completion_tokens_details": None}  # fmt: skip
         assert count_tokens(ch["text"]) == 7
         assert body["system_fingerprint"].startswith("vllm-0.33.0-")
         r = await c.post(
