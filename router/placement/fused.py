@@ -60,9 +60,10 @@ _NEG = -math.inf  # total of a replica the filters drop
 _INF = math.inf
 
 _FILTER_TYPES = (HealthyFilter, ExcludeFilter, CanHostFilter)
-# The third scorer prices evictions: eviction-cost (the default, with the cost-aware evictor) or
-# free-slot (LRU age, with any other evictor).
-_SCORER_TYPES = (ResidencyAffinityScorer, RunningSetScorer, (FreeSlotScorer, EvictionCostScorer), LoadScorer)
+# The scorers around the third, which prices evictions: eviction-cost (the default, with the
+# cost-aware evictor) or free-slot (LRU age, with any other evictor).
+_SCORER_TYPES = [ResidencyAffinityScorer, RunningSetScorer, LoadScorer]
+_SLOT_TYPES = (FreeSlotScorer, EvictionCostScorer)
 # Evictors that read only the chosen replica (``ctx.replicas[index]``, ``ctx.sums[index]``) and
 # ``ctx.all_replicas``: the fast path hands them a one-candidate context. Others get the full one.
 _CHOSEN_ONLY_EVICTORS: tuple[type[Evictor], ...] = (Evictor, LruIdleEvictor, HotCopyEvictor, CostAwareEvictor)
@@ -147,11 +148,8 @@ class DefaultProfile(SchedulerProfile):
         """What the fast path relies on, or None when the pipeline is not the default one."""
         if tuple(type(f) for f in self.filters) != _FILTER_TYPES:
             return None
-        types = tuple(type(s) for s, _ in self.scorers)
-        if len(types) != 4 or any(
-            not (t in want if isinstance(want, tuple) else t is want)
-            for t, want in zip(types, _SCORER_TYPES, strict=True)
-        ):
+        kinds = [type(s) for s, _ in self.scorers]
+        if len(kinds) != 4 or kinds[:2] + kinds[3:] != _SCORER_TYPES or kinds[2] not in _SLOT_TYPES:
             return None
         if type(self.picker) is not MaxScorePicker:
             return None
