@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import random
 from functools import cache
+from pathlib import Path
 
 import pytest
 
 from benchmarks.bounds import belady_min, bounds, compulsory, lfu_misses, lru_misses
-from benchmarks.routing import ClusterConfig, replay
+from benchmarks.routing import ClusterConfig, main, replay
 from benchmarks.traces import TraceSpec, generate
 from router.placement import make_profile
 
@@ -70,3 +72,21 @@ def test_no_profile_beats_the_bound_on_a_short_trace() -> None:
         r = replay(trace, make_profile(name), cfg)
         assert r.completed == len(trace) and r.failed == 0 and "no-capacity" not in r.decisions
         assert r.loads >= b["belady_min"], name
+
+
+def test_routing_benchmark_reports_the_bound_and_each_profile_against_it(tmp_path: Path) -> None:
+    out = tmp_path / "routing.json"
+    args = ["--scenarios", "skewed", "--seeds", "1", "--duration", "30", "--adapters", "60"]
+    args += ["--replicas", "2", "--max-adapters", "4", "--profiles", "default,round-robin", "--out", str(out)]
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    (run,) = report["runs"]
+    b = run["bound"]
+    assert b["capacity"] == 8 and 0 < b["compulsory"] <= b["belady_min"]
+    rows = {r["profile"]: r for r in run["results"]}
+    assert set(rows) == {"default", "round-robin", "default-lru"}
+    for r in rows.values():
+        assert r["loads"] >= b["belady_min"]
+        assert r["loads_vs_min"] == pytest.approx(r["loads"] / b["belady_min"])
+    assert set(report["summary"]["p99_lead"]) == {"default", "default-lru"}
+    assert any(line.startswith("skewed   default ") for line in report["summary"]["vs_min"])
