@@ -15,22 +15,15 @@ from gateway.ratelimit import Limiter, MemoryLimiter, RedisLimiter
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from gateway.table import ChangeApplier, Feed, RoutingTable
-from kit.db import make_session_factory, session_scope
 from registry.snapshot import RoutingSnapshot
 from router.contract import RouterAPI
 
 
 def snapshot_loader(engine: Engine) -> Callable[[], RoutingSnapshot]:
-    """A blocking callable that reads the routing snapshot in one read transaction."""
-    from registry.services.snapshot import load_snapshot
+    """A blocking callable that reads the whole routing snapshot (PostgreSQL: one statement)."""
+    from gateway.snapshot_source import make_snapshot_loader
 
-    factory = make_session_factory(engine)
-
-    def load() -> RoutingSnapshot:
-        with session_scope(factory) as session:
-            return load_snapshot(session)
-
-    return load
+    return make_snapshot_loader(engine)
 
 
 def snapshot_applier(engine: Engine) -> ChangeApplier:

@@ -1,5 +1,9 @@
 """How a gateway reads registry changes into its routing table (``gateway.table``).
 
+``make_snapshot_loader(engine)`` → the whole-snapshot loader (PostgreSQL: one statement,
+``PostgresSnapshotLoader``, about half the CPU of the ORM read — it runs at start, on a feed
+gap or reconnect, and every ``refresh_s`` as the safety net).
+
 ``make_change_applier(engine)`` → a ``ChangeApplier`` for ``RoutingTable(apply_changes=...)``:
 
 - PostgreSQL: ``PostgresChangeApplier`` keeps one async psycopg connection of its own and reads
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -23,7 +28,7 @@ from sqlalchemy import Engine
 
 from kit.db import make_session_factory, session_scope
 from registry.feed import libpq_dsn
-from registry.services.snapshot import apply_changes, apply_changes_pg
+from registry.services.snapshot import apply_changes, apply_changes_pg, load_snapshot, load_snapshot_pg
 from registry.snapshot import RoutingSnapshot
 
 APPLICATION_NAME = "loraplane-table"
@@ -83,6 +88,33 @@ class PostgresChangeApplier:
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
                 await conn.close()
+
+
+class PostgresSnapshotLoader:
+    """Whole loads in one statement (``load_snapshot_pg``); blocking (the table runs it on its
+    loader thread). A connection per load: loads are rare, and nothing is left open."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._dsn = libpq_dsn(engine.url.render_as_string(hide_password=False))
+
+    def __call__(self) -> RoutingSnapshot:
+        with psycopg.connect(
+            self._dsn, autocommit=True, connect_timeout=5, application_name=APPLICATION_NAME
+        ) as conn:
+            return load_snapshot_pg(conn)
+
+
+def make_snapshot_loader(engine: Engine) -> Callable[[], RoutingSnapshot]:
+    """PostgreSQL: ``PostgresSnapshotLoader``; else ``load_snapshot`` through a session."""
+    if engine.dialect.name == "postgresql":
+        return PostgresSnapshotLoader(engine)
+    factory = make_session_factory(engine)
+
+    def load() -> RoutingSnapshot:
+        with session_scope(factory) as session:
+            return load_snapshot(session)
+
+    return load
 
 
 def make_change_applier(engine: Engine) -> PostgresChangeApplier | ThreadedChangeApplier:

@@ -2,7 +2,8 @@
 (``registry.services.snapshot.apply_changes``): adapters with their versions, tenants with
 their grants and live keys, base models — each by a list of ids, in chunked ``IN`` queries
 through a session, or (PostgreSQL, ``subject_rows_pg``) all in one statement on an async
-psycopg connection, which is what a gateway uses to apply a change in one round trip."""
+psycopg connection, which is what a gateway uses to apply a change in one round trip; and
+(``all_rows_pg``) every routing row in one statement, for a gateway's whole reloads."""
 
 from __future__ import annotations
 
@@ -112,3 +113,25 @@ async def subject_rows_pg(
     rev, *tables = row
     ns = [[SimpleNamespace(**r) for r in t] for t in tables]
     return SubjectRows(int(rev or 0), *ns)
+
+
+# The whole routing state in one statement (PostgreSQL): the rows of ``load_snapshot``'s queries.
+ALL_ROWS_PG = """
+SELECT
+  (SELECT revision FROM registry_state WHERE id = 1),
+  (SELECT coalesce(json_agg(t), '[]') FROM base_models t),
+  (SELECT coalesce(json_agg(t), '[]') FROM adapters t),
+  (SELECT coalesce(json_agg(t ORDER BY adapter_id, number), '[]') FROM versions t),
+  (SELECT coalesce(json_agg(t), '[]') FROM tenants t),
+  (SELECT coalesce(json_agg(t ORDER BY tenant_id, adapter_id), '[]') FROM grants t),
+  (SELECT coalesce(json_agg(t ORDER BY key_id), '[]') FROM api_keys t WHERE revoked_at IS NULL),
+  (SELECT coalesce(json_agg(t), '[]') FROM owners t)
+"""
+
+
+def all_rows_pg(conn: psycopg.Connection[Any]) -> SubjectRows:
+    """Every routing row in one round trip (a single statement sees one snapshot)."""
+    row = conn.execute(ALL_ROWS_PG).fetchone()
+    assert row is not None
+    rev, *tables = row
+    return SubjectRows(int(rev or 0), *[[SimpleNamespace(**r) for r in t] for t in tables])

@@ -143,6 +143,23 @@ def load_snapshot(session: Session) -> RoutingSnapshot:
     )
 
 
+def load_snapshot_pg(conn: psycopg.Connection[Any]) -> RoutingSnapshot:
+    """``load_snapshot`` in one statement on a psycopg connection (PostgreSQL): the database
+    serialises the rows, so a gateway spends about half the CPU of reading them through the ORM."""
+    rows = routing_repo.all_rows_pg(conn)
+    by_prefix: dict[str, list[KeyInfo]] = {}
+    for k in rows.live_keys:
+        by_prefix.setdefault(k.prefix, []).append(_key(k))
+    return RoutingSnapshot(
+        revision=rows.revision,
+        base_models={b.name: _base_model(b) for b in rows.base_models},
+        adapters=_adapters(rows.adapters, rows.versions),
+        tenants=_tenants(rows.tenants, rows.grants),
+        keys_by_prefix={p: tuple(ks) for p, ks in by_prefix.items()},
+        owners=_owners(rows.owners),
+    )
+
+
 def split_subjects(subjects: Iterable[str]) -> dict[str, list[str]] | None:
     """``{"adapter": [ids…], "tenant": […], "base_model": […]}``, or None if any needs a full load."""
     out: dict[str, list[str]] = {ADAPTER: [], TENANT: [], BASE_MODEL: [], OWNER: []}

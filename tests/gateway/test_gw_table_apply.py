@@ -323,6 +323,7 @@ async def test_served_state_after_random_changes_equals_a_full_reload(
         assert table.reloads == 1 and table.gaps == 0 and table.applies > 0
         snap = table.snapshot
         assert snap is not None and snap == full(factory)
+        assert snapshot_loader(engine)() == snap  # the gateway's one-statement whole load agrees
         assert snap.owners and any(
             x.limits.rpm for x in snap.adapters.values()
         )  # owners and limits were changed
