@@ -10,11 +10,16 @@
         # register-by-reference (callers check LORAPLANE_ALLOWED_SOURCES first, see registry.ingest):
         def list_source(self, source_uri: str) -> list[SourceEntry]   # files directly under the prefix
         def open_source(self, source_uri: str, name: str) -> BinaryIO
+        def sweep(self, referenced, older_than_s) -> SweepReport
+            # remove what failed or killed uploads left, older than the bound (registry.storage.sweeper
+            # runs it at start-up and every LORAPLANE_STORAGE_SWEEP_INTERVAL_S)
+        def close(self) -> None
 
     class PendingUpload(Protocol):
         storage_uri: str
         def writer(self, name: str) -> FileWriter
-        def abort(self) -> None          # removes everything written so far (no object, no temp file)
+        def abort(self) -> None          # removes everything written so far (no object, no temp file;
+                                         # S3 down: retried in the background until it is gone)
         def commit(self) -> None         # makes files final (no-op for S3 multipart, rename for local)
 
     class FileWriter(Protocol):          # hashes (sha256) and counts while streaming
@@ -29,7 +34,8 @@ from registry.storage.base import (
     FileWriter,
     PendingUpload,
     SourceEntry,
+    SweepReport,
     make_store,
 )
 
-__all__ = ["ArtifactStore", "FileWriter", "PendingUpload", "SourceEntry", "make_store"]
+__all__ = ["ArtifactStore", "FileWriter", "PendingUpload", "SourceEntry", "SweepReport", "make_store"]

@@ -15,7 +15,8 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol, runtime_checkable
 from urllib.parse import unquote, urlsplit
@@ -32,6 +33,7 @@ __all__ = [
     "HashingCounter",
     "PendingUpload",
     "SourceEntry",
+    "SweepReport",
     "file_uri_to_path",
     "list_file_source",
     "make_store",
@@ -47,6 +49,15 @@ class SourceEntry:
 
     name: str
     size: int
+
+
+@dataclass
+class SweepReport:
+    """What one orphan sweep removed (``ArtifactStore.sweep``)."""
+
+    prefixes_deleted: list[str] = field(default_factory=list)  # storage URIs of orphan versions
+    objects_deleted: int = 0
+    uploads_aborted: int = 0  # unfinished S3 multipart uploads (local: abandoned pending dirs)
 
 
 @runtime_checkable
@@ -100,6 +111,16 @@ class ArtifactStore(Protocol):
 
     def open_source(self, source_uri: str, name: str) -> BinaryIO:
         """Stream one file of a source prefix."""
+        ...
+
+    def sweep(self, referenced: Callable[[list[str]], set[str]], older_than_s: float) -> SweepReport:
+        """Remove what failed uploads left behind, older than ``older_than_s``: unfinished
+        uploads, and version locations no version row names (``referenced`` maps storage URIs
+        to those a row holds). Uploads open in this process are kept whatever their age."""
+        ...
+
+    def close(self) -> None:
+        """Release threads and clients (pending cleanups are left to the next sweep)."""
         ...
 
 

@@ -12,8 +12,11 @@ register-by-reference are read with an S3 client built from the same settings.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +27,7 @@ from registry.snapshot import FileInfo
 from registry.storage.base import (
     HashingCounter,
     SourceEntry,
+    SweepReport,
     file_uri_to_path,
     list_file_source,
     open_file_source,
@@ -78,8 +82,9 @@ class LocalFileWriter:
 
 
 class LocalPendingUpload:
-    def __init__(self, root: Path, adapter_id: str) -> None:
+    def __init__(self, root: Path, adapter_id: str, on_done: Callable[[Path], None] | None = None) -> None:
         token = uuid.uuid4().hex
+        self._on_done = on_done
         self._tmp = root / PENDING_DIR / token
         self._final = root / ADAPTERS_DIR / adapter_id / token
         self._tmp.mkdir(parents=True)
@@ -108,6 +113,8 @@ class LocalPendingUpload:
         os.rename(self._tmp, self._final)
         _fsync_dir(self._final.parent)
         self._state = "committed"
+        if self._on_done is not None:
+            self._on_done(self._tmp)
 
     def abort(self) -> None:
         for w in self._writers.values():
@@ -116,6 +123,8 @@ class LocalPendingUpload:
         if self._state == "committed":
             shutil.rmtree(self._final, ignore_errors=True)
         self._state = "aborted"
+        if self._on_done is not None:
+            self._on_done(self._tmp)
 
 
 class LocalArtifactStore:
@@ -126,6 +135,8 @@ class LocalArtifactStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self._s3_factory = s3_sources
         self._s3: S3SourceReader | None = None
+        self._live: set[Path] = set()  # pending directories of this process's open uploads
+        self._live_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: RegistrySettings) -> LocalArtifactStore:
@@ -143,7 +154,45 @@ class LocalArtifactStore:
     def begin(self, adapter_id: str) -> LocalPendingUpload:
         if "/" in adapter_id or adapter_id in ("", ".", "..") or ".." in adapter_id:
             raise InvalidRequest(f"bad adapter id {adapter_id!r}")
-        return LocalPendingUpload(self.root, adapter_id)
+        pending = LocalPendingUpload(self.root, adapter_id, on_done=self._forget)
+        with self._live_lock:
+            self._live.add(pending._tmp)
+        return pending
+
+    def _forget(self, tmp: Path) -> None:
+        with self._live_lock:
+            self._live.discard(tmp)
+
+    def close(self) -> None:
+        """Nothing to release (the Protocol's ``close``)."""
+
+    def sweep(self, referenced: Callable[[list[str]], set[str]], older_than_s: float) -> SweepReport:
+        """Remove pending directories a killed process left and version directories no row names,
+        once untouched for ``older_than_s``."""
+        now = time.time()
+        with self._live_lock:
+            live = set(self._live)
+        report = SweepReport()
+
+        def old(path: Path) -> bool:
+            with contextlib.suppress(OSError):
+                return now - path.stat().st_mtime >= older_than_s
+            return False
+
+        for d in _subdirs(self.pending_dir):
+            if d not in live and old(d):
+                shutil.rmtree(d, ignore_errors=True)
+                report.uploads_aborted += 1
+        versions = [v for a in _subdirs(self.root / ADAPTERS_DIR) for v in _subdirs(a) if old(v)]
+        for i in range(0, len(versions), 500):
+            uris = {v.as_uri() + "/": v for v in versions[i : i + 500]}
+            kept = referenced(list(uris))
+            for uri, v in uris.items():
+                if uri not in kept:
+                    report.objects_deleted += sum(1 for p in v.iterdir() if p.is_file())
+                    shutil.rmtree(v, ignore_errors=True)
+                    report.prefixes_deleted.append(uri)
+        return report
 
     def _version_dir(self, storage_uri: str) -> Path:
         path = file_uri_to_path(storage_uri)
@@ -181,6 +230,13 @@ class LocalArtifactStore:
                 raise InvalidRequest("this registry cannot read s3:// sources (no S3 settings)")
             self._s3 = self._s3_factory()
         return self._s3
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return sorted(p for p in path.iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
 
 
 def _write_failed(e: OSError) -> Unavailable:

@@ -6,7 +6,9 @@ multipart upload: parts of ``s3_multipart_chunk_bytes`` are handed to a thread p
 fill (at most ``max_inflight_parts`` per file in flight, so memory stays bounded) while sha256
 and size are computed on the way; a file smaller than one part is a single ``put_object``.
 ``abort()`` aborts open multipart uploads and deletes every object under the version's
-prefix. botocore errors become :mod:`kit.errors` (a down S3 is 503 ``storage_unavailable``).
+prefix; what S3 refuses then (it is down) is retried in the background until it is gone, and
+``sweep()`` removes what a killed process left (``registry.storage.s3_cleanup``). botocore
+errors become :mod:`kit.errors` (a down S3 is 503 ``storage_unavailable``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import re
 import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
@@ -25,7 +28,8 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from kit.errors import InvalidRequest, LoraplaneError
-from registry.storage.base import SourceEntry, list_file_source, open_file_source
+from registry.storage.base import SourceEntry, SweepReport, list_file_source, open_file_source
+from registry.storage.s3_cleanup import Janitor, Leftover, clean_leftover, clean_prefix, sweep_s3
 from registry.storage.s3_multipart import S3FileWriter, s3_errors, translate_error
 from registry.validation import check_filename
 
@@ -39,8 +43,9 @@ MIN_PART = 5 * 1024 * 1024
 READ_BUFFER = 1024 * 1024
 
 
-def make_s3_client(settings: RegistrySettings) -> Any:
-    """A boto3 S3 client from the registry settings (path-style addressing for custom endpoints)."""
+def make_s3_client(settings: RegistrySettings, *, cleanup: bool = False) -> Any:
+    """A boto3 S3 client from the registry settings (path-style addressing for custom endpoints).
+    ``cleanup``: short timeouts and one retry, for aborts and sweeps (the janitor retries)."""
     s3cfg: dict[str, Any] = {"addressing_style": "path"} if settings.s3_endpoint_url else {}
     # Parts carry botocore's CRC32 checksum and every file's sha256 is computed on the way in and
     # checked before every load: a second SHA-256 pass over each part just to sign it (what
@@ -48,10 +53,10 @@ def make_s3_client(settings: RegistrySettings) -> Any:
     s3cfg["payload_signing_enabled"] = False
     cfg = Config(
         s3=s3cfg,  # type: ignore[arg-type]
-        retries={"max_attempts": 3, "mode": "standard"},
+        retries={"max_attempts": 2 if cleanup else 3, "mode": "standard"},
         max_pool_connections=32,
-        connect_timeout=5,
-        read_timeout=120,
+        connect_timeout=2 if cleanup else 5,
+        read_timeout=15 if cleanup else 120,
     )
     secret = settings.s3_secret_access_key.get_secret_value() if settings.s3_secret_access_key else None
     return boto3.client(
@@ -102,20 +107,6 @@ def _open_object(client: Any, bucket: str, key: str) -> BinaryIO:
     with s3_errors(what):
         resp = client.get_object(Bucket=bucket, Key=key)
     return cast(BinaryIO, io.BufferedReader(_S3Body(resp["Body"], what), buffer_size=READ_BUFFER))
-
-
-def _delete_all(client: Any, bucket: str, prefix: str) -> None:
-    """Delete every object and abort every multipart upload under ``prefix``."""
-    with s3_errors(f"delete s3://{bucket}/{prefix}"):
-        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        for page in pages:
-            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-            if keys:
-                client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
-        resp = client.list_multipart_uploads(Bucket=bucket, Prefix=prefix)
-        for up in resp.get("Uploads", []):
-            with contextlib.suppress(ClientError):
-                client.abort_multipart_upload(Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
 
 
 class S3SourceReader:
@@ -185,8 +176,7 @@ class S3PendingUpload:
                 self._uploads[key] = upload_id
                 return upload_id
         # aborted while we were starting: undo at once
-        with contextlib.suppress(ClientError, BotoCoreError):
-            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        self.store.clean_up(Leftover(self.key_prefix, uploads={key: upload_id}))
         self.check_open()
         raise AssertionError("unreachable")
 
@@ -198,8 +188,7 @@ class S3PendingUpload:
                 if completed_upload is not None:
                     self._uploads.pop(key, None)
         if aborted:  # finished after abort() swept: remove it now
-            with contextlib.suppress(ClientError, BotoCoreError):
-                self.client.delete_object(Bucket=self.bucket, Key=key)
+            self.store.clean_up(Leftover(self.key_prefix, keys={key}))
             self.check_open()
 
     def commit(self) -> None:
@@ -207,25 +196,21 @@ class S3PendingUpload:
         for w in self._writers.values():
             w.close()
         self._state = "committed"
+        self.store.forget(self.key_prefix)
 
     def abort(self) -> None:
         with self._lock:
+            if self._state == "aborted":
+                return
             self._state = "aborted"
             uploads = dict(self._uploads)
             written = set(self._written)
+            self._uploads.clear()
+            self._written.clear()
         for w in self._writers.values():
             w._drain(timeout=120)
-        try:
-            for key, upload_id in uploads.items():
-                with contextlib.suppress(ClientError):
-                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-            for key in written:
-                self.client.delete_object(Bucket=self.bucket, Key=key)
-            _delete_all(self.client, self.bucket, self.key_prefix)
-        except (ClientError, BotoCoreError, LoraplaneError) as e:
-            log.warning(
-                "abort of %s left objects behind: %s", self.storage_uri, e, extra={"event": "s3_abort_failed"}
-            )
+        self.store.clean_up(Leftover(self.key_prefix, uploads=uploads, keys=written))
+        self.store.forget(self.key_prefix)
 
 
 class S3ArtifactStore:
@@ -240,6 +225,8 @@ class S3ArtifactStore:
         part_size: int = 16 * 1024 * 1024,
         max_inflight_parts: int = 2,
         workers: int = 8,
+        cleanup_client: Any = None,
+        janitor_max_delay: float = 10.0,
     ) -> None:
         if prefix and not prefix.endswith("/"):
             prefix += "/"
@@ -250,6 +237,11 @@ class S3ArtifactStore:
         self.max_inflight_parts = max(1, max_inflight_parts)
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="s3-part")
         self._sources = S3SourceReader(client)
+        # cleanup runs with short timeouts: S3 down must not hold a failed request for minutes
+        self.cleanup_client = cleanup_client if cleanup_client is not None else client
+        self.janitor = Janitor(self.cleanup_client, bucket, max_delay=janitor_max_delay)
+        self._live: set[str] = set()  # key prefixes of this process's open uploads
+        self._live_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: RegistrySettings) -> S3ArtifactStore:
@@ -260,15 +252,52 @@ class S3ArtifactStore:
             settings.s3_prefix,
             part_size=settings.s3_multipart_chunk_bytes,
             max_inflight_parts=settings.s3_max_inflight_parts,
+            cleanup_client=make_s3_client(settings, cleanup=True),
         )
 
     def close(self) -> None:
+        self.janitor.close()
         self.executor.shutdown(wait=True, cancel_futures=True)
 
     def begin(self, adapter_id: str) -> S3PendingUpload:
         if "/" in adapter_id or not adapter_id or ".." in adapter_id:
             raise InvalidRequest(f"bad adapter id {adapter_id!r}")
-        return S3PendingUpload(self, adapter_id)
+        pending = S3PendingUpload(self, adapter_id)
+        with self._live_lock:
+            self._live.add(pending.key_prefix)
+        return pending
+
+    def forget(self, key_prefix: str) -> None:
+        """The upload at ``key_prefix`` is over (committed or aborted): the sweeper may judge it."""
+        with self._live_lock:
+            self._live.discard(key_prefix)
+
+    def clean_up(self, left: Leftover) -> None:
+        """Remove what a failed version left; if S3 refuses now, the janitor retries until it
+        takes it (never raises)."""
+        try:
+            clean_leftover(self.cleanup_client, self.bucket, left)
+        except (ClientError, BotoCoreError) as e:
+            log.warning(
+                "cleanup of %s failed (%s); retrying in the background",
+                f"s3://{self.bucket}/{left.key_prefix}",
+                type(e).__name__,
+                extra={"event": "s3_cleanup_deferred"},
+            )
+            self.janitor.submit(left)
+
+    def sweep(self, referenced: Callable[[list[str]], set[str]], older_than_s: float) -> SweepReport:
+        with self._live_lock:
+            live = set(self._live)
+        with s3_errors(f"sweep s3://{self.bucket}/{self.prefix}adapters/"):
+            return sweep_s3(
+                self.cleanup_client,
+                self.bucket,
+                self.prefix,
+                referenced=referenced,
+                older_than_s=older_than_s,
+                live=live,
+            )
 
     def _own_prefix(self, storage_uri: str) -> str:
         bucket, key = parse_s3_uri(storage_uri)
@@ -283,7 +312,8 @@ class S3ArtifactStore:
         return _open_object(self.client, self.bucket, self._own_prefix(storage_uri) + name)
 
     def delete_prefix(self, storage_uri: str) -> None:
-        _delete_all(self.client, self.bucket, self._own_prefix(storage_uri))
+        with s3_errors(f"delete {storage_uri}"):
+            clean_prefix(self.client, self.bucket, self._own_prefix(storage_uri))
 
     def list_source(self, source_uri: str) -> list[SourceEntry]:
         return self._sources.list_source(source_uri)
