@@ -140,7 +140,7 @@ def test_adapter_rpm_is_shared_by_every_tenant_across_gateways(plat: Platform) -
     r = _chat(plat, "zeta", "shared", gw=0)
     err = _limit_error(r)
     assert err["details"]["level"] == "adapter" and err["details"]["limit"] == "rpm"
-    assert err["details"]["value"] == 3 and 15 <= err["details"]["retry_after_s"] <= 20.5
+    assert err["details"]["value"] == 3 and 0 < err["details"]["retry_after_s"] <= 20.5  # 60/3 s a request
     assert "adapter, shared by all tenants (3 rpm)" in err["message"]
     assert (
         r.headers["x-ratelimit-limit-requests"] == "3" and r.headers["x-ratelimit-remaining-requests"] == "0"
@@ -206,17 +206,20 @@ def test_sigkilled_gateway_frees_its_tenants_slots_within_the_lease(plat: Platfo
         assert r.headers["retry-after"] == "1"  # held by live requests: they free it when they end
         plat.procs[2].kill()  # gateway 1, SIGKILL: no goodbye, its streams die with it
         killed = time.monotonic()
-    answers: list[tuple[float, httpx.Response]] = []
+    tries: list[tuple[float, float, httpx.Response]] = []  # (sent, answered, answer)
     while time.monotonic() - killed < LEASE_S + 3:
+        sent = time.monotonic()
         r = _chat(plat, "pair", "other", gw=0)
-        answers.append((time.monotonic(), r))
+        tries.append((sent, time.monotonic(), r))
         if r.status_code == 200:
             break
         time.sleep(0.1)
-    freed, last = answers[-1]
-    assert last.status_code == 200, [a.status_code for _, a in answers]
-    assert freed - killed <= LEASE_S + 1.0
-    for t, a in answers[:-1]:
-        details = _limit_error(a)["details"]
-        if details["retry_after_s"] != 1:  # a holder that stopped renewing: when its slot frees
-            assert abs(t + details["retry_after_s"] - freed) <= 0.6, (t - killed, details, freed - killed)
+    assert tries[-1][2].status_code == 200, [a.status_code for _, _, a in tries]
+    freed_after, freed_by = (tries[-2][0] if len(tries) > 1 else killed), tries[-1][1]
+    assert freed_by - killed <= LEASE_S + 1.5
+    for sent, answered, a in tries[:-1]:
+        ra = _limit_error(a)["details"]["retry_after_s"]
+        if ra != 1:  # a holder that stopped renewing: when its slot frees
+            assert sent + ra <= freed_by + 0.3 and answered + ra >= freed_after - 0.3, (
+                sent - killed, ra, freed_after - killed, freed_by - killed,
+            )  # fmt: skip

@@ -112,23 +112,26 @@ async def test_sigkilled_holder_frees_its_slots_within_the_lease_and_retry_after
     os.killpg(holder.pid, signal.SIGKILL)
     holder.wait(10)
     killed = time.monotonic()
-    rejections: list[tuple[float, float]] = []
-    admitted: AdmitResult | None = None
+    tries: list[tuple[float, float, AdmitResult]] = []  # (sent, answered, result)
     while time.monotonic() - killed < lease_s + 2:
+        sent = time.monotonic()
         r = await limiter.admit(_tenant_plan(2))
+        tries.append((sent, time.monotonic(), r))
         if r.admitted:
-            admitted = r
             break
-        rejections.append((time.monotonic(), r.retry_after_s))
         await asyncio.sleep(0.05)
-    freed = time.monotonic()
-    assert admitted is not None, "the dead process's slots never expired"
-    assert freed - killed <= lease_s + 0.3
-    # once the holder missed a renewal, a rejection's Retry-After says when its slot frees
-    stale = [(t, ra) for t, ra in rejections if ra != 1]
-    assert stale, rejections
-    for t, ra in stale:
-        assert abs(t + ra - freed) <= 0.3, (t - killed, ra, freed - killed)
+    admitted = tries[-1][2]
+    assert admitted.admitted, "the dead process's slots never expired"
+    # the first slot expired between the last refusal and the admission
+    freed_after, freed_by = tries[-2][0], tries[-1][1]
+    assert freed_by - killed <= lease_s + 0.5
+    # once the holder missed a renewal, a refusal's Retry-After says when its slot frees
+    stale = [(s, a, r.retry_after_s) for s, a, r in tries[:-1] if r.retry_after_s != 1]
+    assert stale, [(s - killed, r.retry_after_s) for s, _, r in tries]
+    for sent, answered, ra in stale:
+        assert sent + ra <= freed_by + 0.15 and answered + ra >= freed_after - 0.15, (
+            sent - killed, ra, freed_after - killed, freed_by - killed,
+        )  # fmt: skip
     assert admitted.lease is not None
     await limiter.settle(admitted.lease, None)
     assert await limiter.in_use("t:t:conc") == 0
