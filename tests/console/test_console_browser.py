@@ -196,7 +196,11 @@ def test_operator_canary_promote_rollback_and_audit(browser: Browser, prepared: 
     tab.shot("traffic")
 
     # tenants: issue a key and see it once
+    page.get_by_role("navigation").get_by_role("link", name="Approvals").click()
+    expect(page.get_by_role("heading", name="Approvals")).to_be_visible()
+    tab.shot("approvals")
     page.get_by_role("navigation").get_by_role("link", name="Tenants").click()
+    tab.shot("tenants")
     page.get_by_role("link", name="demo", exact=True).click()
     before = page.locator("#keys tbody tr").count()
     page.get_by_role("button", name="Issue a key").click()
