@@ -24,7 +24,7 @@ import httpx
 
 from simulator.conformance_checks import Runner
 
-__all__ = ["CHAT_BODY", "COMPLETION_BODY", "key_diffs", "keysets", "stream_reference"]
+__all__ = ["CHAT_BODY", "COMPLETION_BODY", "ERROR_BODY", "key_diffs", "keysets", "stream_reference"]
 
 Keys = frozenset[str]
 KeySets = Mapping[str, Keys]

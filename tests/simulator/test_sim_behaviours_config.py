@@ -9,14 +9,14 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import httpx
 import pytest
 
 from simulator.behaviours import Behaviour, BehaviourError, load_behaviours, parse_behaviours
-from simulator.conformance_keys import CHAT_BODY, key_diffs, stream_reference
+from simulator.conformance_keys import CHAT_BODY, COMPLETION_BODY, ERROR_BODY, key_diffs, stream_reference
 from simulator.procs import simulators
 
 MakeAdapter = Callable[..., str]
@@ -179,3 +179,27 @@ def test_key_checker_catches_the_keys_the_simulator_used_to_send() -> None:
         "<top>: missing ['system_fingerprint'], extra []",
         "choices[].logprobs: an object vLLM does not send here (keys ['x'])",
     ]
+
+
+def test_key_reference_equals_vllms_own_models() -> None:
+    """``vllm-0.32-keys.json`` is generated from vLLM 0.32's pydantic models
+    (``data/vllm_keys_reference.py``); the conformance script's reference must say the same."""
+    want = json.loads((Path(__file__).parent / "data" / "vllm-0.32-keys.json").read_text())
+
+    def as_lists(ref: Mapping[str, frozenset[str]]) -> dict[str, list[str]]:
+        return {path: sorted(keys) for path, keys in ref.items()}
+
+    ours: dict[str, object] = {
+        "chat": as_lists(CHAT_BODY),
+        "completion": as_lists(COMPLETION_BODY),
+        "error": as_lists(ERROR_BODY),
+    }
+    for label, (inc, cont) in (
+        ("plain", (False, False)),
+        ("include_usage", (True, False)),
+        ("continuous", (True, True)),
+    ):
+        for name, chat in (("chat", True), ("completion", False)):
+            ref = stream_reference(chat, inc, cont)
+            ours[f"{name}_stream_{label}"] = {kind: as_lists(keys) for kind, keys in ref.items()}
+    assert ours == want
