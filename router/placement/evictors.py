@@ -197,7 +197,9 @@ class EvictionCostScorer(Scorer):
     | at max_adapters, nothing idle to evict                         | 0.0                            |
 
     ``v`` is the evictor's :meth:`CostAwareEvictor.value` of the replica's cheapest idle
-    adapter at ``now`` (requests × recency decay × reload time), ``c`` its ``load_fixed_s`` (the
+    adapter at the start of the current second, ``floor(now)`` (requests × recency decay ×
+    reload time; the score is memoised per view and second, so a pick costs one lookup per
+    replica, and a price moves by under 1 % within a second), ``c`` its ``load_fixed_s`` (the
     price of one cold request), ``s`` = ``scale`` and ``t`` = ``top`` (< 1: a free slot is
     preferred to any eviction). The cheapest adapter is found once per
     view (memoised): all values decay at the same rate, so which one is cheapest does not
@@ -220,6 +222,7 @@ class EvictionCostScorer(Scorer):
         self.top = top
         ev = self.evictor
         self._key = f"cheapest:{ev.half_life_s!r}:{ev.load_fixed_s!r}:{ev.load_bytes_per_s!r}"
+        self._skey = f"eviction-cost:{scale!r}:{top!r}:{self._key}"
 
     def cheapest(self, view: ReplicaView, s: Summary) -> Resident | None:
         """The idle resident of ``view`` that costs least to evict at any time (memoised)."""
@@ -242,6 +245,12 @@ class EvictionCostScorer(Scorer):
         d[key] = best
         return best
 
+    @staticmethod
+    def bucket(now: float) -> float | None:
+        """The second ``now`` falls in (``floor(now)``: exact, ``bucket <= now < bucket + 1``),
+        or None for a non-finite ``now`` (priced as is, not memoised)."""
+        return float(math.floor(now)) if math.isfinite(now) else None
+
     def slot_score(self, view: ReplicaView, s: Summary, now: float) -> float:
         """The score of ``view`` (summary ``s``) for an adapter not present there."""
         if s.free:
@@ -249,8 +258,20 @@ class EvictionCostScorer(Scorer):
         r = self.cheapest(view, s)
         if r is None:
             return 0.0
+        q = self.bucket(now)
+        if q is None:
+            return self._price(r, now)
+        d = view.derived
+        memo = d.get(self._skey)
+        if memo is not None and memo[0] == q:
+            return memo[1]  # type: ignore[no-any-return]
+        score = self._price(r, q)
+        d[self._skey] = (q, score)
+        return score
+
+    def _price(self, r: Resident, at: float) -> float:
         ev = self.evictor
-        v = ev.value(r, now)
+        v = ev.value(r, at)
         c = ev.load_fixed_s if ev.load_fixed_s > 0 else 1.0
         return 0.1 + (self.top - 0.1) / (1.0 + v / (c * self.scale))
 

@@ -12,9 +12,9 @@ generic stages:
   w4·(1 − load)``, the generic ``_weighted_sum`` order — for every ``now`` at or after a
   threshold (``sat``: from then on the free-slot score of its LRU idle adapter is the constant
   0.6; before it, the total is computed from ``now``); and the base-model total. With
-  eviction-cost, whose score of a full replica decays with ``now``, ``sat`` is +inf: that score
-  is computed at each pick from the view's memoised cheapest idle adapter (one ``exp``), exactly
-  as the generic scorer computes it.
+  eviction-cost, which prices a full replica once per second (``floor(now)``), the row holds the
+  total for one second, ``sat <= now < hi``, and a pick outside it prices the view again for its
+  own second, through the scorer's own memo, so both paths give the same total.
 * Per pick: one comprehension reads every replica's row total (``-inf`` marks a replica the
   filters drop); the few replicas holding the requested adapter get the exact generic scores
   (resident-affinity needs all holders at once); excluded URLs are set to ``-inf``; the pick is
@@ -72,7 +72,7 @@ _CHOSEN_ONLY_EVICTORS: tuple[type[Evictor], ...] = (Evictor, LruIdleEvictor, Hot
 class _Row:
     """Request-independent facts of one view for one (weights, idle horizon) — see module doc."""
 
-    __slots__ = ("b", "base", "d", "s", "sat", "t", "v")
+    __slots__ = ("b", "base", "d", "hi", "s", "sat", "t", "v")
 
     def __init__(
         self,
@@ -83,11 +83,13 @@ class _Row:
         b: float,
         d: float,
         base: float,
+        hi: float = _INF,
     ) -> None:
         self.v = v
         self.s = s  # the view's summary (None for an unhealthy view: not needed)
-        self.t = t  # total for an adapter not held there when now >= sat; -inf: dropped
+        self.t = t  # total for an adapter not held there when sat <= now < hi; -inf: dropped
         self.sat = sat  # see t; -inf when the total does not depend on now
+        self.hi = hi  # see t (eviction-cost rows: the end of the second t was computed for)
         self.b = b  # w1·0 + w2·room
         self.d = d  # w4·(1 − load)
         self.base = base  # total of a base-model request; -inf: dropped (unhealthy)
@@ -208,8 +210,8 @@ class DefaultProfile(SchedulerProfile):
                 cost = self._cost
                 if cost is None:
                     r = _Row(v, s, b + w3 * 0.6 + d, _threshold(x, self._h), b, d, base)
-                else:  # computed at each pick, but for now = +inf (every price decayed to 0)
-                    r = _Row(v, s, b + w3 * cost.slot_score(v, s, _INF) + d, _INF, b, d, base)
+                else:  # valid for no now yet: the first pick prices it for its second
+                    r = _Row(v, s, _NEG, _INF, b, d, base, _NEG)
         v.derived[self._key] = r
         return r
 
@@ -228,12 +230,17 @@ class DefaultProfile(SchedulerProfile):
         return 0.6 if f >= 1.0 else (0.1 + 0.5 * f if f > 0.0 else 0.1)
 
     def _slow(self, r: _Row, now: float) -> float:
-        """A row's total when ``now < r.sat`` (also when ``now`` is NaN): computed from ``now``
-        for a row whose free-slot score depends on it, else the row's constant total."""
+        """A row's total when ``now`` is outside ``[r.sat, r.hi)`` (also when it is NaN): computed
+        from ``now`` for a row whose third score depends on it (eviction-cost rows then hold the
+        total for that second), else the row's constant total."""
         s = r.s
         if r.sat == _NEG or s is None:
             return r.t
-        return r.b + self._w[2] * self._free_slot(r.v, s, now) + r.d
+        t = r.b + self._w[2] * self._free_slot(r.v, s, now) + r.d
+        cost = self._cost
+        if cost is not None and (q := cost.bucket(now)) is not None:
+            r.t, r.sat, r.hi = t, q, q + 1.0  # eviction-cost: the same total for that second
+        return t
 
     # ------------------------------------------------------------------ pick
 
@@ -248,7 +255,8 @@ class DefaultProfile(SchedulerProfile):
         else:
             slow = self._slow
             totals = [
-                r.t if now >= (r := v.derived.get(key) or row(v)).sat else slow(r, now) for v in replicas
+                r.t if (r := v.derived.get(key) or row(v)).sat <= now < r.hi else slow(r, now)
+                for v in replicas
             ]
         ex = request.exclude
         if ex:

@@ -327,3 +327,35 @@ def test_eviction_cost_prices_the_cheapest_idle_adapter_whatever_now() -> None:
     dear = view("dear", freq("y", 90.0, 3), max_adapters=1)
     a, b = sc.score(PickContext(hot_req("a", {}), [cheap, dear], 100.0))
     assert 0.1 < b < a < sc.top
+
+
+def test_eviction_cost_rows_follow_the_second_either_side_of_its_boundaries() -> None:
+    """The fast path keeps one total per view and second; picks just before, at and after
+    second boundaries (and huge or non-finite clocks) still match the generic pipeline."""
+    p = make_profile("default")
+    assert isinstance(p, DefaultProfile) and p._planned()
+    rng = random.Random(8)
+    names = [f"a{k}" for k in range(10)]
+    for _ in range(60):
+        views = []
+        for i in range(5):
+            held = rng.sample(names, 3)
+            residents = {n: freq(n, rng.choice((90.0, 99.5, 40.0)), rng.randint(0, 9)) for n in held}
+            views.append(ReplicaView(f"r{i}", "p", True, 4, 3, residents, inflight=1))
+        for now in (
+            100.0,
+            math.nextafter(100.0, -math.inf),
+            100.0,
+            100.999,
+            101.0,
+            math.nextafter(101.0, -math.inf),
+            2.0**53 + 2,
+            math.inf,
+            math.nan,
+            100.25,
+        ):
+            name = rng.choice(names)
+            request = PlacementRequest(name, name)
+            got = p.pick(request, views, now)
+            want = SchedulerProfile.pick(p, request, [replace(v) for v in views], now)
+            assert outcome(got) == outcome(want), now
