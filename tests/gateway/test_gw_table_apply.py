@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -27,7 +28,14 @@ from kit.db import make_engine, make_session_factory, session_scope
 from kit.errors import LoraplaneError
 from registry import migrate
 from registry.demo import demo_base_model
-from registry.feed import InProcessFeed, PostgresNotifyFeed, bind_feed, publish_committed, read_revision
+from registry.feed import (
+    APPLICATION_NAME,
+    InProcessFeed,
+    PostgresNotifyFeed,
+    bind_feed,
+    publish_committed,
+    read_revision,
+)
 from registry.repositories import base_models as base_repo
 from registry.services import adapters as adapter_svc
 from registry.services import lifecycle
@@ -417,3 +425,30 @@ async def test_embedded_platform_applies_changes_from_the_in_process_feed(tmp_pa
             await table.stop()
     finally:
         eng.dispose()
+
+
+async def test_a_feed_reconnect_reloads_the_whole_table(engine: Engine, pg_db: str, channel: str) -> None:
+    factory = make_session_factory(engine)
+    seed(factory, "rec", 3)
+    async with _table(engine, pg_db, channel) as table:
+
+        def drop_listener_then_change() -> None:
+            with engine.begin() as conn:  # the gateway's LISTEN connection dies ...
+                killed = conn.execute(
+                    sa.text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                        "WHERE application_name = :app AND datname = current_database()"
+                    ),
+                    {"app": APPLICATION_NAME},  # this module's database: only this table listens
+                ).scalar()
+            assert killed == 1
+            # ... and a change commits while it is away (its notice reaches nobody)
+            write(factory, channel, lambda s: lifecycle.promote(s, "rec-1", "v2", actor="t"))
+
+        await asyncio.to_thread(drop_listener_then_change)
+        await wait_revision(table, factory)  # the reconnect re-reads the revision: reload all
+        assert table.reloads == 2 and table.applies == 0
+        assert table.snapshot == full(factory)
+        write(factory, channel, lambda s: lifecycle.rollback(s, "rec-1", actor="t"))
+        await wait_revision(table, factory)  # and incremental again after it
+        assert (table.reloads, table.applies) == (2, 1) and table.snapshot == full(factory)
