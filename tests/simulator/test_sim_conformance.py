@@ -23,6 +23,9 @@ def test_conformance_passes_against_the_simulator(make_adapter: MakeAdapter, tmp
         report = json.loads(out.read_text())
         assert rc == 0, [c for c in report["checks"] if not c["ok"]]
         assert report["failed"] == 0 and report["passed"] >= 30
+        # the key sets of every chat/completions body and stream chunk, and the error envelope
+        keys = [c["name"] for c in report["checks"] if c["name"].startswith("keys: ")]
+        assert len(keys) == 9 and any("continuous_usage_stats" in n for n in keys)
         # a wrong base name is caught by the script
         bad_rep = run_conformance(
             procs[0].url, model="wrong-name", adapter_dir=good, bad_rank_dir=bad, api_key="k"
