@@ -196,6 +196,9 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
+IMPORT_TIMEOUT_S = 3600.0  # an hf:// import answers once every file is copied (2 GiB by default)
+
+
 class AdminClient(GovernanceCalls):
     """Synchronous client of ``/admin/v1``. Use as a context manager, or call :meth:`close`.
     The governance calls (principals, promotions, bulk) come from :class:`GovernanceCalls`."""
@@ -240,9 +243,13 @@ class AdminClient(GovernanceCalls):
         params: dict[str, Any] | None = None,
         content: Any = None,
         headers: dict[str, str] | None = None,
+        read_timeout: float | None = None,
     ) -> Any:
-        """Send one request; return the decoded JSON answer (None for an empty body)."""
+        """Send one request; return the decoded JSON answer (None for an empty body).
+        ``read_timeout`` replaces the client's timeout for waiting on this answer."""
         kwargs: dict[str, Any] = {}
+        if read_timeout is not None:
+            kwargs["timeout"] = httpx.Timeout(read_timeout, connect=min(read_timeout, 10.0))
         if json_body is not None:
             kwargs["json"] = json_body
         if content is not None:
@@ -395,6 +402,23 @@ class AdminClient(GovernanceCalls):
         """Register a version by reference to an allowed ``s3://bucket/prefix/``."""
         body = _drop_none({"source_uri": source_uri, "quality_gate": quality_gate})
         return self.request("POST", f"/adapters/{_q(adapter_id)}/versions", json_body=body)
+
+    def import_version(
+        self,
+        adapter_id: str,
+        source_uri: str,
+        *,
+        quality_gate: str | None = None,
+        timeout: float = IMPORT_TIMEOUT_S,
+    ) -> JSON:
+        """Import a version from the Hugging Face Hub (``hf://ORG/REPO@REVISION[/SUBDIR]``, inside
+        the registry's ``LORAPLANE_ALLOWED_SOURCES``). The registry copies every file before it
+        answers, so the answer may take a while (``timeout`` seconds at most). The version record
+        has ``source_uri`` and ``source_revision`` (the commit sha the revision resolved to)."""
+        body = _drop_none({"source_uri": source_uri, "quality_gate": quality_gate})
+        return self.request(
+            "POST", f"/adapters/{_q(adapter_id)}/versions", json_body=body, read_timeout=timeout
+        )
 
     def list_versions(self, adapter_id: str) -> list[JSON]:
         return self._list_all(f"/adapters/{_q(adapter_id)}/versions", {})

@@ -115,6 +115,9 @@ class VersionRow(Base):
     quality_gate_details: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, nullable=True)
     created_by: Mapped[str] = mapped_column(sa.String(255))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # registered by reference: where from, and (hf://) the commit the revision resolved to
+    source_uri: Mapped[str | None] = mapped_column(sa.String(1024), nullable=True)
+    source_revision: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
 
     adapter: Mapped[AdapterRow] = relationship(back_populates="versions", lazy="raise")
 

@@ -1,5 +1,6 @@
 """Route: upload a version (multipart, every part named ``files``) or register one by reference
-(JSON ``{"source_uri": …}`` inside ``LORAPLANE_ALLOWED_SOURCES``).
+(JSON ``{"source_uri": …}`` inside ``LORAPLANE_ALLOWED_SOURCES``: an ``s3://`` / ``file://``
+prefix, or ``hf://ORG/REPO@REVISION[/SUBDIR]`` imported from the Hugging Face Hub).
 
 The quality gate the version starts with (``skipped`` by default, or ``pending``) is the query
 parameter ``quality_gate``, or in the body: a multipart text field ``quality_gate`` / the JSON
@@ -109,7 +110,8 @@ async def _read_source_body(request: Request) -> SourceUpload:
         return SourceUpload.model_validate(data)
     except ValueError as e:
         raise InvalidRequest(
-            'expected {"source_uri": "s3://bucket/prefix/", "quality_gate"?: "pending" | "skipped"}',
+            'expected {"source_uri": "s3://bucket/prefix/" | "hf://ORG/REPO@REVISION", '
+            '"quality_gate"?: "pending" | "skipped"}',
             details=str(e),
         ) from None
 
@@ -132,6 +134,8 @@ def _record(
                 storage_uri=pending.storage_uri,
                 actor=actor,
                 quality_gate=quality_gate,
+                source_uri=result.source_uri,
+                source_revision=result.source_revision,
             )
             pending.commit()
     except BaseException:
@@ -159,7 +163,9 @@ async def upload_version(
     The version's quality gate starts ``skipped`` unless ``quality_gate=pending`` is given (query
     parameter, multipart text field or JSON field; if given twice the values must agree).
     201 with the version record; 422 ``invalid_adapter`` with ``details.problems``; 422
-    ``invalid_request`` for a bad ``quality_gate``; 413 over the size cap."""
+    ``invalid_request`` for a bad ``quality_gate``; 413 over the size cap. ``hf://`` imports:
+    422 ``source_not_allowed`` outside the allow-list, 422 ``revision_not_found``, 502
+    ``source_unavailable`` when the hub cannot be reached or fails."""
     st = state_of(request)
     actor = who.id
     base = await anyio.to_thread.run_sync(_lookup, st, adapter_id)
@@ -193,6 +199,7 @@ async def upload_version(
             adapter_id=adapter_id,
             base=_spec(base),
             max_bytes=st.settings.max_adapter_bytes,
+            hub=ingest.HubOptions.from_settings(st.settings),
         )
     else:
         raise InvalidRequest(

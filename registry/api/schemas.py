@@ -185,6 +185,14 @@ class VersionOut(_Out):
     )
     created_by: str
     created_at: datetime
+    source_uri: str | None = Field(
+        default=None,
+        description="Registered by reference: the source it was copied from (s3://, file:// or "
+        "hf://ORG/REPO@REVISION[/SUBDIR]); null for uploads.",
+    )
+    source_revision: str | None = Field(
+        default=None, description="hf:// imports: the commit sha the revision resolved to; else null."
+    )
 
 
 class LimitsOut(_Out):

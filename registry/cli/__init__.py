@@ -1,8 +1,8 @@
 """The registry's CLI command groups, assembled into ``loraplane`` by :mod:`loraplane.cli`.
 
 - ``db_app``          → ``loraplane db upgrade|current``
-- ``adapters_app``    → ``loraplane adapters create|update|push|register|list|show|versions|promote|
-  gate|rollback|disable|enable|disable-version|prewarm|replicas|audit|limits``
+- ``adapters_app``    → ``loraplane adapters create|update|push|register|import|list|show|versions|
+  promote|gate|rollback|disable|enable|disable-version|prewarm|replicas|audit|limits``
 - ``tenants_app``     → ``loraplane tenants create|list|show|key|revoke|grant|ungrant|limits``
 - ``base_models_app`` → ``loraplane base-models add|list|show``
 - ``owners_app``      → ``loraplane owners limits|show``
@@ -20,6 +20,7 @@ from registry.cli.base_models import base_models_app
 from registry.cli.bulk import bulk_app
 from registry.cli.db import db_app
 from registry.cli.governance import login, principals_app, promotions_app, whoami  # also `adapters approvals`
+from registry.cli.hf_import import import_version  # noqa: F401  (registers `adapters import`)
 from registry.cli.limits import owners_app  # also registers `adapters limits`
 from registry.cli.tenants import tenants_app
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -34,6 +35,8 @@ class IngestResult:
     lora_alpha: float
     target_modules: list[str]
     fields: dict[str, str] = field(default_factory=dict)  # accepted form fields (multipart only)
+    source_uri: str | None = None  # by reference: the normalised source it was copied from
+    source_revision: str | None = None  # hf://: the commit sha the revision resolved to
 
 
 def too_large(max_bytes: int) -> PayloadTooLarge:
@@ -122,6 +125,27 @@ class Pipe:
         if fut is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.shield(fut)
+
+
+async def copy_and_validate(
+    pending: PendingUpload,
+    copy: Callable[[threading.Event], None],
+    insp: Inspector,
+    base: BaseModelSpec,
+) -> ValidatedAdapter:
+    """Run the blocking ``copy(cancel)`` in a thread, then validate what it saw. On any failure,
+    cancellation included, the copy is told to stop and waited for, then ``pending`` is aborted."""
+    cancel = threading.Event()
+    task = asyncio.ensure_future(asyncio.to_thread(copy, cancel))
+    try:
+        await asyncio.shield(task)
+        return insp.validate(base)
+    except BaseException:
+        cancel.set()
+        with contextlib.suppress(BaseException):
+            await task
+        await abort_pending(pending)
+        raise
 
 
 def write_chunks(writer: FileWriter, chunks: list[bytes]) -> None:

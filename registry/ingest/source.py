@@ -1,9 +1,9 @@
-"""``ingest_source``: copy an allowed ``s3://`` / ``file://`` prefix into a pending version."""
+"""``ingest_source``: copy an allowed ``s3://`` / ``file://`` prefix into a pending version, or
+import an allowed ``hf://`` reference (``registry.ingest.hf``)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 
 from kit.errors import InvalidRequest
@@ -11,9 +11,11 @@ from registry.ingest.common import (
     BATCH_BYTES,
     IngestResult,
     Inspector,
-    abort_pending,
+    copy_and_validate,
     too_large,
 )
+from registry.ingest.hf import HubOptions, ingest_hf
+from registry.ingest.hf_uri import is_hf_uri
 from registry.storage.base import ArtifactStore, PendingUpload, file_uri_to_path
 from registry.validation import (
     BaseModelSpec,
@@ -29,7 +31,8 @@ def _normalise_source(uri: str, *, what: str) -> str:
     scheme, sep, rest = uri.partition("://")
     if not sep or scheme not in ("s3", "file"):
         raise InvalidRequest(
-            f"{what} {uri!r}: only s3://bucket/prefix/ (or an allowed file:// directory) works"
+            f"{what} {uri!r}: only s3://bucket/prefix/, hf://ORG/REPO@REVISION[/SUBDIR] "
+            "(or an allowed file:// directory) works"
         )
     if scheme == "file" and not rest.startswith("/"):
         raise InvalidRequest(f"{what} {uri!r}: file URIs must be file:///absolute/path/")
@@ -96,8 +99,20 @@ async def ingest_source(
     adapter_id: str,
     base: BaseModelSpec,
     max_bytes: int,
+    hub: HubOptions | None = None,
 ) -> IngestResult:
-    """Copy the files directly under an allowed source prefix into a new pending version."""
+    """Copy the files directly under an allowed source prefix into a new pending version; an
+    ``hf://`` reference is imported from the Hugging Face Hub with ``hub``'s options."""
+    if is_hf_uri(source_uri):
+        return await ingest_hf(
+            source_uri,
+            allowed_sources=allowed_sources,
+            hub=hub or HubOptions(),
+            store=store,
+            adapter_id=adapter_id,
+            base=base,
+            max_bytes=max_bytes,
+        )
     uri = check_source_uri(source_uri, allowed_sources)
     entries = await asyncio.to_thread(store.list_source, uri)
     if sum(e.size for e in entries) > max_bytes:
@@ -111,21 +126,14 @@ async def ingest_source(
         else:
             names.append(e.name)
     pending = await asyncio.to_thread(store.begin, adapter_id)
-    cancel = threading.Event()
-    copy = asyncio.ensure_future(asyncio.to_thread(_copy_source, store, pending, uri, names, insp, cancel))
-    try:
-        await asyncio.shield(copy)
-        checked = insp.validate(base)
-    except BaseException:
-        cancel.set()
-        with contextlib.suppress(BaseException):
-            await copy
-        await abort_pending(pending)
-        raise
+    checked = await copy_and_validate(
+        pending, lambda cancel: _copy_source(store, pending, uri, names, insp, cancel), insp, base
+    )
     return IngestResult(
         pending=pending,
         files=list(insp.files),
         rank=checked.rank,
         lora_alpha=checked.lora_alpha,
         target_modules=checked.target_modules,
+        source_uri=uri,
     )

@@ -69,6 +69,8 @@ class VersionRecord:
     quality_gate_details: dict[str, Any] | None
     created_by: str
     created_at: datetime
+    source_uri: str | None = None
+    source_revision: str | None = None
 
     @classmethod
     def of(cls, row: VersionRow) -> VersionRecord:
@@ -88,6 +90,8 @@ class VersionRecord:
             ),
             created_by=row.created_by,
             created_at=row.created_at,
+            source_uri=row.source_uri,
+            source_revision=row.source_revision,
         )
 
 

@@ -42,9 +42,12 @@ def register_version(
     storage_uri: str,
     actor: str,
     quality_gate: str = DEFAULT_UPLOAD_GATE,
+    source_uri: str | None = None,
+    source_revision: str | None = None,
 ) -> VersionRecord:
     """Insert version ``v(max+1)`` (status ``ready``, gate ``skipped`` or ``pending``) with its
-    audit event, in the caller's transaction."""
+    audit event, in the caller's transaction. A version registered by reference records its
+    ``source_uri`` (and for ``hf://`` the commit sha it resolved to, ``source_revision``)."""
     check_upload_gate(quality_gate)
     adapter_row(session, adapter_id, for_update=True)
     file_list = [_file_dict(f) for f in files]
@@ -66,6 +69,8 @@ def register_version(
                         rollback_to=None,
                         quality_gate=quality_gate,
                         created_by=actor,
+                        source_uri=source_uri,
+                        source_revision=source_revision,
                     ),
                 )
         except IntegrityError:
@@ -81,6 +86,8 @@ def register_version(
                 "files": [{"name": f["name"], "size": f["size"], "sha256": f["sha256"]} for f in file_list],
                 "storage_uri": storage_uri,
                 "quality_gate": quality_gate,
+                **({"source_uri": source_uri} if source_uri is not None else {}),
+                **({"source_revision": source_revision} if source_revision is not None else {}),
             },
         )
         return VersionRecord.of(row)

@@ -195,6 +195,7 @@ def test_records_and_pagination(client: TestClient, factory: Any) -> None:
     assert set(v) == {
         "adapter_id", "version", "status", "rank", "lora_alpha", "target_modules", "files",
         "storage_uri", "rollback_to", "quality_gate", "quality_gate_details", "created_by", "created_at",
+        "source_uri", "source_revision",
     }  # fmt: skip
     assert v["files"][0] == {"name": "adapter_config.json", "size": 10, "sha256": f"{1:064x}"}
     p1 = client.get(f"{V1}/adapters/a-001/versions", params={"limit": 2}).json()
