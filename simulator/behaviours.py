@@ -104,6 +104,8 @@ def _glob_problem(key: str) -> str | None:
         return f"key {key[:40]!r}… is longer than {_MAX_KEY_LEN} characters"
     if _CONTROL.search(key):
         return f"key {key!r} holds a control character"
+    if key != key.strip():
+        return f"key {key!r} has leading or trailing whitespace (lora names have none)"
     i = 0
     while i < len(key):  # every '[' opens a character class that is closed (fnmatch's rules)
         if key[i] == "[":

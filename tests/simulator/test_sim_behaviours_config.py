@@ -39,6 +39,8 @@ def test_every_problem_is_listed() -> None:
             "c": {"latency_factor": 0.5, "output": "xml"},
             "d": {"error_rate": True, "latency_factor": "fast"},
             "e": "broken",
+            " f*": {},
+            "g\n": {},
         }
     )
     text = "\n".join(problems)
@@ -54,9 +56,11 @@ def test_every_problem_is_listed() -> None:
         "error_rate must be a number in [0, 1], got true",
         'latency_factor must be a number, got "fast"',
         '["e"] must be an object',
+        "key ' f*' has leading or trailing whitespace",
+        "key 'g\\n' holds a control character",
     ):
         assert needle in text, (needle, problems)
-    assert len(problems) == 11
+    assert len(problems) == 13
     assert _problems([{"x": {}}]) == ["behaviours must be a JSON object (glob -> behaviour), got list"]
 
 
