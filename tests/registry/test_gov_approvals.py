@@ -4,6 +4,7 @@ request executes; distinct approvals; audit actors."""
 
 from __future__ import annotations
 
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -158,14 +159,16 @@ def test_stale_detected_at_approval(gov_client: TestClient, factory: Any, engine
 
 
 def test_expired_request(tmp_path: Path, db_url: str, engine: Engine, factory: Any) -> None:
-    import time
+    from datetime import datetime, timedelta
+
+    import sqlalchemy as sa
 
     from registry.api import create_admin_app
     from tests.registry.core_support import AUTH
     from tests.registry.gov_support import _clear_principals
 
     _clear_principals(engine)
-    app = create_admin_app(make_settings(tmp_path, db_url, promotion_ttl_s=0.5), engine=engine)
+    app = create_admin_app(make_settings(tmp_path, db_url, promotion_ttl_s=3600), engine=engine)
     with TestClient(app, headers=AUTH) as admin:
         seed_adapter(admin)
         add_versions(factory, "support", 2)
@@ -173,21 +176,22 @@ def test_expired_request(tmp_path: Path, db_url: str, engine: Engine, factory: A
         admin.patch(A, json={"approvals_required": 1})
         maint, appr, _ = _team(admin)
         req = admin.post(f"{A}/versions/v2/promote", headers=maint).json()
-        assert (
-            admin.get(f"{V1}/promotions", params={"status": "pending"}).json()["data"][0]["id"] == req["id"]
-        )
-        time.sleep(0.8)
+        ttl = datetime.fromisoformat(req["expires_at"]) - datetime.fromisoformat(req["created_at"])
+        assert ttl == timedelta(seconds=3600)  # LORAPLANE_PROMOTION_TTL_S
+        pending = admin.get(f"{V1}/promotions", params={"status": "pending"}).json()["data"]
+        assert [p["id"] for p in pending] == [req["id"]]
+        with engine.begin() as conn:  # an hour later
+            past = datetime.now(UTC) - timedelta(seconds=1)
+            conn.execute(sa.text("UPDATE promotion_requests SET expires_at = :t"), {"t": past})
         assert admin.get(f"{V1}/promotions/{req['id']}").json()["status"] == "expired"
         assert admin.get(f"{V1}/promotions", params={"status": "pending"}).json()["data"] == []
-        assert [
-            p["id"] for p in admin.get(f"{V1}/promotions", params={"status": "expired"}).json()["data"]
-        ] == [req["id"]]
+        expired = admin.get(f"{V1}/promotions", params={"status": "expired"}).json()["data"]
+        assert [p["id"] for p in expired] == [req["id"]]
         error_of(admin.post(f"{V1}/promotions/{req['id']}/approve", headers=appr), 409, "promotion_expired")
         assert statuses(admin, "support")["active"] == "v1"
         # written as expired: a second approval says it is no longer pending
-        error_of(
-            admin.post(f"{V1}/promotions/{req['id']}/approve", headers=appr), 409, "promotion_not_pending"
-        )
+        again = admin.post(f"{V1}/promotions/{req['id']}/approve", headers=appr)
+        error_of(again, 409, "promotion_not_pending")
 
 
 def test_quality_gate_checked_again_at_execution(gov_client: TestClient, factory: Any) -> None:
