@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse
 from kit.db import session_scope
 from kit.errors import InvalidRequest, Unavailable
 from registry.api.deps import AdminState, state_of
-from registry.api.schemas import UPLOAD_GATE_DOC, SourceUpload, UploadQualityGate, VersionOut
+from registry.api.schemas import UPLOAD_GATE_DOC, ErrorOut, SourceUpload, UploadQualityGate, VersionOut
 from registry.api.scopes import OWNER_OF_ADAPTER
 from registry.auth import Principal
 from registry.auth.dependencies import requires
@@ -151,6 +151,7 @@ def _record(
     status_code=201,
     response_model=VersionOut,
     openapi_extra=_UPLOAD_DOC,
+    responses={502: {"model": ErrorOut, "description": "hf:// import: the hub is unreachable or failing"}},
 )
 async def upload_version(
     request: Request,

@@ -145,7 +145,12 @@ class PrewarmBody(_In):
 
 
 class SourceUpload(_In):
-    source_uri: StrictStr = Field(min_length=1)
+    source_uri: StrictStr = Field(
+        min_length=1,
+        description="An allowed s3://bucket/prefix/ (or file:// directory), or a Hugging Face model "
+        "repository hf://ORG/REPO@REVISION[/SUBDIR] (revision: branch, tag or commit sha; default main), "
+        "inside LORAPLANE_ALLOWED_SOURCES.",
+    )
     quality_gate: UploadQualityGate | None = Field(default=None, description=UPLOAD_GATE_DOC)
 
 
