@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import quote
 
 JSON = dict[str, Any]
+BULK_TIMEOUT_S = 900.0  # the answer of a bulk operation (the client's default is 60 s)
 
 
 def _q(segment: str) -> str:
@@ -25,6 +26,7 @@ class GovernanceCalls:
         params: dict[str, Any] | None = None,
         content: Any = None,
         headers: dict[str, str] | None = None,
+        read_timeout: float | None = None,
     ) -> Any:
         raise NotImplementedError
 
@@ -96,4 +98,6 @@ class GovernanceCalls:
         body: JSON = {"selector": selector, "dry_run": dry_run}
         if reason is not None:
             body["reason"] = reason
-        return dict(self.request("POST", f"/bulk/{_q(action)}", json_body=body))
+        # one transaction per adapter: thousands of adapters take minutes on a busy registry
+        path = f"/bulk/{_q(action)}"
+        return dict(self.request("POST", path, json_body=body, read_timeout=BULK_TIMEOUT_S))
