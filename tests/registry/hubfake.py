@@ -12,7 +12,7 @@
 Files ending in ``.safetensors`` or ``.bin`` are LFS files (their sha256 is listed); others are
 kept in git (their git blob sha1 is listed). Faults: ``tamper()`` serves other bytes than the
 ones listed, ``fail_status`` answers every request (or only file downloads) with that status,
-``stop()`` closes the port. Every request is recorded in ``requests``.
+``delay_s`` answers late, ``stop()`` closes the port. Every request is recorded in ``requests``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -55,6 +56,7 @@ class FakeHub:
         self.tokens: set[str] = set()
         self.fail_status: int | None = None
         self.fail_only_files = False
+        self.delay_s = 0.0  # answer this late (a hub that hangs)
         self.requests: list[Recorded] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
@@ -192,6 +194,8 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             path = urlsplit(self.path).path
             auth = self.headers.get("Authorization")
             hub.requests.append(Recorded(self.command, path, auth))
+            if hub.delay_s:
+                time.sleep(hub.delay_s)
             parts = path.strip("/").split("/")
             is_file = len(parts) >= 5 and parts[2] == "resolve"
             if hub.fail_status is not None and (is_file or not hub.fail_only_files):

@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,14 +58,8 @@ def hub() -> Iterator[FakeHub]:
 def _app(tmp_path: Path, db_url: str, engine: Engine, hub: FakeHub, **kw: Any) -> tuple[Any, ArtifactStore]:
     from registry.api import create_admin_app
 
-    settings = make_settings(
-        tmp_path,
-        db_url,
-        allowed_sources=kw.pop("allowed_sources", ["hf://my-org/*"]),
-        hf_endpoint=hub.url,
-        hf_timeout_s=5.0,
-        **kw,
-    )
+    kw = {"allowed_sources": ["hf://my-org/*"], "hf_endpoint": hub.url, "hf_timeout_s": 5.0, **kw}
+    settings = make_settings(tmp_path, db_url, **kw)
     store = LocalArtifactStore(settings.resolved_artifact_dir())
     return create_admin_app(settings, engine=engine, store=store), store
 
@@ -344,6 +339,18 @@ def test_hub_unreachable_or_failing(env: Env, tmp_path: Path) -> None:
     assert r.status_code == 502 and r.json()["error"]["code"] == "source_unavailable"
     assert "could not be reached" in r.json()["error"]["message"]
     assert_nothing_kept(env, [])
+
+
+def test_hub_that_hangs_times_out(tmp_path: Path, sqlite_url: str, hub: FakeHub) -> None:
+    hub.commit_dir(REPO, adapter_dir(tmp_path, "a"))
+    hub.delay_s = 2.0
+    for env in _env(tmp_path, sqlite_url, hub, hf_timeout_s=0.3):
+        started = time.monotonic()
+        r = env.post(f"hf://{REPO}@main")
+        assert r.status_code == 502 and r.json()["error"]["code"] == "source_unavailable", r.text
+        assert "ReadTimeout" in r.json()["error"]["message"]
+        assert time.monotonic() - started < 1.9  # the registry did not wait for the hub
+        assert_nothing_kept(env, [])
 
 
 def test_s3_store_failure_leaves_no_object_and_success_lands(
