@@ -111,10 +111,8 @@ def read_stored(store: ArtifactStore, storage_uri: str, name: str) -> bytes:
 # ------------------------------------------------------------------------------------ imports
 
 
-@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
-def test_branch_is_resolved_once_and_pinned(db: str, tmp_path: Path, hub: FakeHub, request: Any) -> None:
-    url = request.getfixturevalue("sqlite_url" if db == "sqlite" else "db_url_pg")
-    for env in _env(tmp_path, url, hub):
+def test_branch_is_resolved_once_and_pinned(db_url: str, tmp_path: Path, hub: FakeHub) -> None:
+    for env in _env(tmp_path, db_url, hub):  # SQLite and PostgreSQL
         a = adapter_dir(tmp_path, "a", rank=8, seed=1)
         files = {p.name: p.read_bytes() for p in a.iterdir()}
         files[".gitattributes"] = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
@@ -149,22 +147,6 @@ def test_branch_is_resolved_once_and_pinned(db: str, tmp_path: Path, hub: FakeHu
             (f"hf://{REPO}@main", sha),
             (f"hf://{REPO}@main", new_sha),
         ]
-
-
-@pytest.fixture
-def db_url_pg(pg_migrated: str) -> str:
-    from tests.registry.core_support import TABLES
-
-    engine = make_engine(pg_migrated)
-    try:
-        with engine.begin() as conn:
-            from sqlalchemy import text
-
-            conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
-            conn.execute(text("UPDATE registry_state SET revision = 0"))
-    finally:
-        engine.dispose()
-    return pg_migrated
 
 
 def test_tag_and_commit_sha(env: Env, tmp_path: Path) -> None:
