@@ -355,6 +355,9 @@ class GatewayApp:
             if disconnected:
                 ctx.error = "client_disconnected"
                 ctx.status = 499
+            elif result.stream_error is not None:  # ended with an error event, not the replica's [DONE]
+                ctx.error = result.stream_error
+                ctx.status = 504 if result.stream_error == "upstream_timeout" else 502
             self._usage(ctx, result)
             await self._settle(lease, self._total(ctx))
             self._finish(ctx)

@@ -64,6 +64,9 @@ class ForwardResult:
     body: bytes | None = None  # non-streaming answer (already rewritten)
     stream: AsyncIterator[bytes] | None = None  # SSE bytes (already rewritten), for stream=True
     usage: Usage | None = None  # filled when known (non-stream: at once; stream: at its end)
+    # streams: set when the stream ended with an error event instead of the replica's [DONE]
+    # (``upstream_error`` | ``upstream_timeout`` | ``wrong_adapter``), known once it has ended
+    stream_error: str | None = None
 
 
 class RouterError(Exception):

@@ -99,7 +99,7 @@ class Router:
         self._hot: HotSet | None = None
         self._planner: Planner | None = None
         self._events = RouterAudit(audit)
-        self._sender = Sender(self._events, self.metrics, clock=clock)
+        self._sender: Sender | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._bg: set[asyncio.Task[Any]] = set()
 
@@ -112,14 +112,24 @@ class Router:
         )
         self._session = session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         timeout = aiohttp.ClientTimeout(total=s.request_timeout_s, connect=s.connect_timeout_s)
+        stream_timeout = aiohttp.ClientTimeout(
+            total=None, connect=s.connect_timeout_s, sock_read=s.upstream_idle_timeout_s
+        )
         drivers = {
             p.name: make_driver(
-                p.engine, session, p.api_key.get_secret_value() if p.api_key else None, timeout
+                p.engine,
+                session,
+                p.api_key.get_secret_value() if p.api_key else None,
+                timeout,
+                stream_timeout,
             )
             for p in s.pools
         }
         store = self._store = ReplicaStore(
             s, drivers, clock=self._clock, wall=time.time, metrics=self.metrics, on_poll=self._on_poll
+        )
+        self._sender = Sender(
+            self._events, self.metrics, store, ttfb_s=s.upstream_ttfb_timeout_s, clock=self._clock
         )
         stagers = make_stagers(s, self._artifacts, session)
         unloader = self._unloader = Unloader(s, store, stagers, self._events, self.metrics, self.cluster)
@@ -271,6 +281,7 @@ class Router:
                 if version is not None:
                     cands = self.planner.candidates(rep, decision, version.lora_name, strict_hot=False)
                     cold = await self.loader.ensure_loaded(rep, version, cands) or cold
+                assert self._sender is not None
                 return await self._sender.send(rep, req, cold, self._clock() - t0, release)
             except LoadError as exc:
                 release()

@@ -168,11 +168,15 @@ class StreamRelay:
                 return out
         return b""
 
+    def _fail(self, message: str, code: str = "upstream_error") -> bytes:
+        self._failed = True
+        self._result.stream_error = code
+        return error_event(message, code)
+
     def _tail_on_eof(self) -> bytes:
         if self._done:
             return b""
-        self._failed = True
-        return error_event("the replica ended the stream without finishing it")
+        return self._fail("the replica ended the stream without finishing it")
 
     async def iterate(self, first: bytes) -> AsyncIterator[bytes]:
         try:
@@ -180,7 +184,7 @@ class StreamRelay:
                 yield first
             if self._pending_wrong is not None:
                 await self._on_wrong(self._pending_wrong)
-                yield error_event("the replica answered with another adapter", code="wrong_adapter")
+                yield self._fail("the replica answered with another adapter", "wrong_adapter")
                 return
             if self._failed:
                 return
@@ -192,19 +196,26 @@ class StreamRelay:
                     if tail:
                         yield tail
                     return
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                except TimeoutError as exc:  # idle: nothing for upstream_idle_timeout_s
+                    log.warning(
+                        "replica went silent mid-stream",
+                        extra={"replica": self._result.replica, "error": str(exc) or "idle timeout"},
+                    )
+                    yield self._fail("the replica stopped sending the answer", "upstream_timeout")
+                    return
+                except (aiohttp.ClientError, OSError) as exc:
                     log.warning(
                         "replica failed mid-stream",
                         extra={"replica": self._result.replica, "error": str(exc)},
                     )
-                    yield error_event("the replica failed while streaming the answer")
+                    yield self._fail("the replica failed while streaming the answer")
                     return
                 out, wrong = self._events(data)
                 if out:
                     yield out
                 if wrong is not None:
                     await self._on_wrong(wrong)
-                    yield error_event("the replica answered with another adapter", code="wrong_adapter")
+                    yield self._fail("the replica answered with another adapter", "wrong_adapter")
                     return
         finally:
             # Closing (also on client disconnect) drops the connection, which cancels upstream work.

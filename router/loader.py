@@ -262,6 +262,8 @@ class Loader:
             failure = res.failure or "other"
             if failure == "replica_down":
                 self._store.mark_failure(rep, res.message, immediate=True)
+            else:
+                self._store.note_failure(rep, f"load of {name} failed ({failure})")
             await self._failed(rep, version, labels, details, t0, failure, res.message, res.retry_elsewhere)
             raise LoadError(
                 f"load of {version.adapter_id} {version.version} on {rep.url} failed "
@@ -270,6 +272,7 @@ class Loader:
                 retry_elsewhere=res.retry_elsewhere,
             )
         duration = self._clock() - t0
+        self._store.note_success(rep)
         self._record(rep, version, "resident")
         await self._cluster.set_state(rep.url, name, "resident")
         self._metrics.loads.labels(**labels, result="ok").inc()

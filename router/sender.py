@@ -8,8 +8,10 @@ and hands streams to ``StreamRelay``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import orjson
 
@@ -23,10 +25,28 @@ from router.store import ReplicaState
 log = logging.getLogger("loraplane.router")
 
 
+class ReplicaHealth(Protocol):
+    """Passive outlier detection (``ReplicaStore``): the outcome of each request."""
+
+    def note_success(self, rep: ReplicaState) -> None: ...
+
+    def note_failure(self, rep: ReplicaState, error: str) -> None: ...
+
+
 class Sender:
-    def __init__(self, audit: RouterAudit, metrics: RouterMetrics, *, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        audit: RouterAudit,
+        metrics: RouterMetrics,
+        health: ReplicaHealth,
+        *,
+        ttfb_s: float,
+        clock: Callable[[], float],
+    ) -> None:
         self._audit = audit
         self._metrics = metrics
+        self._health = health
+        self._ttfb_s = ttfb_s
         self._clock = clock
 
     async def send(
@@ -65,8 +85,50 @@ class Sender:
                 resident.last_used = self._clock()
             on_end()
 
+        task = asyncio.current_task()
+        assert task is not None
+        rep.pending.add(task)  # aborted (→ Retryable) if the replica leaves rotation meanwhile
         try:
-            resp = await driver.send(rep.url, req.endpoint, orjson.dumps(body), req.request_id)
+            if req.stream:
+                async with asyncio.timeout(self._ttfb_s):
+                    result = await self._exchange(rep, req, model, body, cold, queue_s, end)
+            else:
+                result = await self._exchange(rep, req, model, body, cold, queue_s, end)
+        except Retryable as exc:
+            self._health.note_failure(rep, exc.message)
+            raise
+        except TimeoutError:  # the stream's first event did not come in time
+            self._health.note_failure(rep, "first-byte timeout")
+            raise Retryable(f"replica sent nothing within {self._ttfb_s:.0f}s", timeout=True) from None
+        except asyncio.CancelledError:
+            if task not in rep.aborted:
+                raise
+            rep.aborted.discard(task)
+            task.uncancel()
+            raise Retryable("replica left rotation while the request waited for it") from None
+        finally:
+            rep.pending.discard(task)
+            rep.aborted.discard(task)
+        self._health.note_success(rep)
+        return result
+
+    async def _exchange(
+        self,
+        rep: ReplicaState,
+        req: ForwardRequest,
+        model: str,
+        body: dict[str, Any],
+        cold: bool,
+        queue_s: float,
+        end: Callable[[], None],
+    ) -> ForwardResult:
+        """The request and its answer up to the first byte for the client (the stream after that)."""
+        driver = rep.driver
+        version = req.version
+        try:
+            resp = await driver.send(
+                rep.url, req.endpoint, orjson.dumps(body), req.request_id, stream=req.stream
+            )
         except BaseException:
             end()
             raise

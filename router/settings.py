@@ -108,8 +108,38 @@ class RouterSettings(LoraplaneSettings):
     )
     placement_profile: str = Field(default="default", description="Placement profile name.")
     placement_params: dict[str, Any] = Field(default_factory=dict, description="Profile parameters.")
-    request_timeout_s: float = Field(default=300.0, description="Whole-request timeout towards a replica.")
-    connect_timeout_s: float = Field(default=2.0, description="Connect timeout towards a replica.")
+    request_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Non-streaming requests: the whole answer must arrive within this "
+        "(504 upstream_timeout).",
+    )
+    connect_timeout_s: float = Field(default=2.0, gt=0, description="Connect timeout towards a replica.")
+    upstream_ttfb_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Streaming requests: the first event must arrive within this; a replica that misses it "
+        "counts as failed and the request is retried once on another replica.",
+    )
+    upstream_idle_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Streaming requests: longest silence between two chunks; then the stream ends with an "
+        "error event (a long stream that keeps sending is never cut).",
+    )
+    outlier_failures: int = Field(
+        default=3,
+        ge=1,
+        description="Consecutive failures (refused or failed connections, 5xx, first-byte timeouts, "
+        "failed loads) that take a replica out of rotation before its next health poll "
+        "(passive outlier detection).",
+    )
+    outlier_cooloff_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="How long an ejected replica stays out of rotation at least; it returns at the "
+        "first good poll after that, its residency re-learned from /v1/models.",
+    )
     max_connections_per_replica: int = Field(default=256, description="Pooled keep-alive connections.")
     max_cold_waiters_per_adapter: int = Field(
         default=256, description="Requests that may wait for one adapter's load; more get 503."

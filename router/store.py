@@ -170,6 +170,12 @@ class ReplicaState:
     inflight: int = 0
     poll_started_wall: float = 0.0  # wall time the last completed poll asked its questions
     polled: asyncio.Event = field(default_factory=asyncio.Event)
+    # passive outlier detection: consecutive failed requests/loads; out of rotation until then
+    consecutive_failures: int = 0
+    ejected_until: float = 0.0
+    # requests sent here still waiting for their first byte (aborted when the replica is ejected)
+    pending: set[asyncio.Task[Any]] = field(default_factory=set)
+    aborted: set[asyncio.Task[Any]] = field(default_factory=set)
     _view: ReplicaView | None = field(default=None, init=False, repr=False, compare=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -350,7 +356,7 @@ class ReplicaStore:
             rep.last_seen = self._clock()
             rep.last_seen_wall = self._wall()
             rep.poll_started_wall = started_wall
-            if not rep.healthy:
+            if not rep.healthy and self._clock() >= rep.ejected_until:
                 rep.healthy = True
                 log.info("replica healthy", extra={"replica": rep.url, "pool": rep.pool.name})
                 self._update_gauge(rep.pool.name)
@@ -362,7 +368,8 @@ class ReplicaStore:
             self._on_poll(rep, models if ok else None)
 
     def mark_failure(self, rep: ReplicaState, error: str, *, immediate: bool = False) -> None:
-        """Count a failed check; out of rotation after ``unhealthy_after`` (at once if ``immediate``)."""
+        """Count a failed check; out of rotation after ``unhealthy_after`` (at once if ``immediate``).
+        Requests still waiting for the replica's first byte are aborted (retried elsewhere)."""
         rep.failures += 1
         if rep.healthy and (immediate or rep.failures >= self._settings.unhealthy_after):
             rep.healthy = False
@@ -372,6 +379,25 @@ class ReplicaStore:
                 extra={"replica": rep.url, "pool": rep.pool.name, "error": error, "failures": rep.failures},
             )
             self._update_gauge(rep.pool.name)
+            for task in rep.pending:
+                rep.aborted.add(task)
+                task.cancel()
+
+    def note_success(self, rep: ReplicaState) -> None:
+        """A request or load succeeded there: the outlier count starts again."""
+        if rep.consecutive_failures:
+            rep.consecutive_failures = 0
+
+    def note_failure(self, rep: ReplicaState, error: str) -> None:
+        """A request or load failed because of the replica; after ``outlier_failures`` in a row it
+        leaves rotation for at least ``outlier_cooloff_s`` (passive outlier detection)."""
+        rep.consecutive_failures += 1
+        if rep.consecutive_failures >= self._settings.outlier_failures:
+            rep.consecutive_failures = 0
+            rep.ejected_until = self._clock() + self._settings.outlier_cooloff_s
+            self.mark_failure(
+                rep, f"{self._settings.outlier_failures} failures in a row, last: {error}", immediate=True
+            )
 
     def reconcile(self, rep: ReplicaState, models: ModelsInfo, asked_at: float | None = None) -> None:
         """Align residency with what the replica said (at ``asked_at``) it has registered.

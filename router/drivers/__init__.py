@@ -34,7 +34,8 @@ def make_driver(
     session: aiohttp.ClientSession,
     api_key: str | None,
     timeout: aiohttp.ClientTimeout | None = None,
+    stream_timeout: aiohttp.ClientTimeout | None = None,
 ) -> EngineDriver:
     if engine == "vllm":
-        return VllmDriver(session, api_key, timeout=timeout)
+        return VllmDriver(session, api_key, timeout=timeout, stream_timeout=stream_timeout)
     raise ValueError(f"unknown engine driver {engine!r}")

@@ -44,8 +44,11 @@ class LoadResult:
 
     @property
     def retry_elsewhere(self) -> bool:
-        """A rejected adapter fails everywhere; other failures may succeed on another replica."""
-        return not self.ok and self.failure != "rejected"
+        """Every failed load is retried once on another replica: even a rejection can be the
+        replica's own (a lower ``--max-lora-rank``, runtime loading off, a wrong API key, a sick
+        engine). Adapters that can never load are refused at upload (SPEC §3), and a hash
+        mismatch — the one failure that is the same everywhere — is not retried (the loader)."""
+        return not self.ok
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +68,19 @@ AnswerKind = Literal["ok", "retry", "adapter_missing"]
 class Retryable(Exception):
     """Failed before the first byte in a way another replica may not (connection refused, 5xx)."""
 
-    def __init__(self, message: str, *, replica_down: bool = False, adapter_missing: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        replica_down: bool = False,
+        adapter_missing: bool = False,
+        timeout: bool = False,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.replica_down = replica_down
         self.adapter_missing = adapter_missing
+        self.timeout = timeout
 
 
 class EngineDriver(Protocol):
@@ -89,10 +100,14 @@ class EngineDriver(Protocol):
 
     async def unload(self, url: str, lora_name: str, timeout: float) -> UnloadResult: ...
 
-    async def send(self, url: str, endpoint: str, body: bytes, request_id: str) -> aiohttp.ClientResponse:
+    async def send(
+        self, url: str, endpoint: str, body: bytes, request_id: str, *, stream: bool
+    ) -> aiohttp.ClientResponse:
         """POST an inference request (``endpoint``: ``chat/completions`` | ``completions``) and
-        return the response with its headers read. Raises ``Retryable`` (no answer: refused,
-        reset) or ``router.contract.UpstreamTimeout``."""
+        return the response with its headers read. Non-streaming: the whole answer is bounded
+        by the request timeout; streaming: each read by the idle timeout (no bound on a stream
+        that keeps sending). Raises ``Retryable`` (no answer: refused, reset) or
+        ``router.contract.UpstreamTimeout``."""
         ...
 
     def classify_answer(self, status: int, *, adapter: bool) -> AnswerKind:

@@ -9,7 +9,9 @@ substring alone):
 | 404 (``NotFoundError``: no adapter_config.json at the path) | ``not_found`` |
 | 404 ``{"detail":"Not Found"}`` (runtime LoRA updating disabled) | ``rejected`` |
 | 400 ``InvalidUserInput`` "already been loaded" | ``conflict`` (treated as loaded) |
-| 400 / 500 (engine refused the adapter; ≤0.17 used 400) | ``rejected`` |
+| 400 (≤0.17: the engine refused the adapter) | ``rejected`` |
+| 500 ``InternalServerError`` "Call to add_lora method failed: …" (the engine refused it) | ``rejected`` |
+| any other 500 (not vLLM's answer: a proxy, a crashed worker) | ``other`` |
 | 401 (wrong api key) | ``rejected`` |
 | 502/503/504 | ``replica_down`` |
 | timeout | ``timeout`` |
@@ -27,6 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.contract import UpstreamTimeout
 from router.drivers.base import AnswerKind, LoadResult, MetricsSample, ModelsInfo, Retryable, UnloadResult
+
+# vLLM's own message for an adapter the engine refused (``InternalServerError``, VLLM.md §1);
+# checked together with the error type, never alone.
+_ADD_LORA_FAILED = "Call to add_lora method failed"
 
 
 class DriverError(Exception):
@@ -61,6 +67,8 @@ def classify_load(status: int, body: bytes) -> LoadResult:
         return LoadResult(False, "not_found", status, message)
     if status == 400 and etype == "InvalidUserInput" and "already been loaded" in message:
         return LoadResult(False, "conflict", status, message)
+    if status == 500 and not (etype == "InternalServerError" and message.startswith(_ADD_LORA_FAILED)):
+        return LoadResult(False, "other", status, message)
     if status in (400, 401, 403, 422, 500):
         return LoadResult(False, "rejected", status, message)
     if status in (502, 503, 504):
@@ -79,17 +87,26 @@ class VllmDriver:
         api_key: str | None = None,
         *,
         timeout: aiohttp.ClientTimeout | None = None,
+        stream_timeout: aiohttp.ClientTimeout | None = None,
     ) -> None:
         self._session = session
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = timeout or aiohttp.ClientTimeout(total=300.0, connect=2.0)
+        self._stream_timeout = stream_timeout or aiohttp.ClientTimeout(
+            total=None, connect=2.0, sock_read=30.0
+        )
         self._json = {"Content-Type": "application/json", **self._auth}
 
-    async def send(self, url: str, endpoint: str, body: bytes, request_id: str) -> aiohttp.ClientResponse:
+    async def send(
+        self, url: str, endpoint: str, body: bytes, request_id: str, *, stream: bool
+    ) -> aiohttp.ClientResponse:
         headers = {**self._json, "X-Request-Id": request_id}
         try:
             return await self._session.post(
-                f"{url}/v1/{endpoint}", data=body, headers=headers, timeout=self._timeout
+                f"{url}/v1/{endpoint}",
+                data=body,
+                headers=headers,
+                timeout=self._stream_timeout if stream else self._timeout,
             )
         except aiohttp.ClientConnectorError as exc:
             raise Retryable(f"cannot connect to replica: {exc}", replica_down=True) from exc

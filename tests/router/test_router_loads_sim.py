@@ -160,7 +160,7 @@ async def test_load_failure_fails_over_to_another_replica(
     assert v.lora_name in {*sims[0].loaded(), *sims[1].loaded()}
 
 
-async def test_rejected_adapter_is_not_retried_elsewhere(
+async def test_rejected_adapter_is_retried_once_on_another_replica(
     sims: list[Sim], make_router: RouterFactory, artifacts, audit: MemoryAuditSink, tmp_path: Path
 ) -> None:
     v = put_version(artifacts, tmp_path, "rejected", seed=51)
@@ -171,9 +171,30 @@ async def test_rejected_adapter_is_not_retried_elsewhere(
     before = load_calls(sims[0]) + load_calls(sims[1])
     with pytest.raises(AdapterLoadFailed):
         await router.forward(chat(v))
-    assert load_calls(sims[0]) + load_calls(sims[1]) - before == 1
+    assert load_calls(sims[0]) + load_calls(sims[1]) - before == 2  # one retry, never more
     failed = [e for e in audit.events if e["action"] == "adapter.load_failed"]
-    assert len(failed) == 1 and failed[0]["details"]["reason"] == "rejected"
+    assert len(failed) == 2 and {e["details"]["reason"] for e in failed} == {"rejected"}
+    assert {e["details"]["replica"] for e in failed} == {sims[0].url, sims[1].url}
+
+
+async def test_replica_refusing_every_load_is_ejected_and_fresh_adapters_load_elsewhere(
+    sims: list[Sim], make_router: RouterFactory, artifacts, tmp_path: Path
+) -> None:
+    """Finding 1 of the fault run: one replica answering 500 to loads blocked every new adapter."""
+    vs = [put_version(artifacts, tmp_path, f"fresh{i}", seed=300 + i) for i in range(12)]
+    sims[0].faults(fail_loads=1000, fail_load_status=500)
+    router = await make_router(
+        [sims[0].url, sims[1].url, sims[2].url], max_adapters=8, outlier_failures=3, outlier_cooloff_s=60
+    )
+    router.update_snapshot(snapshot_of(*vs))
+    before = load_calls(sims[0])
+    answers = [await router.forward(chat(v)) for v in vs]
+    assert [a.status for a in answers] == [200] * 12
+    assert {a.replica for a in answers} <= {sims[1].url, sims[2].url}
+    assert load_calls(sims[0]) - before <= 3  # ejected after three failures in a row
+    assert not router.store.replicas[sims[0].url].healthy
+    await asyncio.sleep(0.5)  # good health polls do not bring it back before its cool-off
+    assert not router.store.replicas[sims[0].url].healthy
 
 
 async def test_disabled_adapter_unloaded_and_retired_version_unloaded_when_idle(

@@ -61,14 +61,21 @@ async def test_parse_metrics_garbage_is_empty() -> None:
             "not_found",
             True,
         ),
-        (404, b'{"detail":"Not Found"}', "rejected", False),
+        (404, b'{"detail":"Not Found"}', "rejected", True),  # runtime loading off on that replica
         (
             500,
             b'{"error":{"message":"Call to add_lora method failed: LoRA rank 32 is greater than '
             b'max_lora_rank 16.",'
             b'"type":"InternalServerError","param":null,"code":500}}',
             "rejected",
-            False,
+            True,  # another replica may have a larger --max-lora-rank
+        ),
+        (500, b"Internal Server Error", "other", True),  # not vLLM's answer: a sick replica
+        (
+            500,
+            b'{"error":{"message":"boom","type":"InternalServerError","param":null,"code":500}}',
+            "other",
+            True,
         ),
         (
             400,
