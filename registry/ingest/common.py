@@ -22,7 +22,7 @@ from registry.validation import (
     validate_adapter,
 )
 
-BATCH_BYTES = 1024 * 1024  # hand the store ~1 MiB at a time
+BATCH_BYTES = 4 * 1024 * 1024  # hand the store ~4 MiB at a time (one thread hop each)
 MULTIPART_SLACK = 1024 * 1024  # Content-Length above max_bytes + this is refused up front
 T = TypeVar("T")
 

@@ -44,7 +44,8 @@ def s3_errors(what: str) -> Iterator[None]:
 
 
 class _PartBody(io.RawIOBase):
-    """One part's chunks as a seekable stream, so a part is never copied into one big buffer."""
+    """One part's chunks as a seekable stream, so a part is never copied into one big buffer
+    (nor piece by piece: ``read`` hands out views of the received chunks)."""
 
     def __init__(self, chunks: list[bytes | memoryview]) -> None:
         self._chunks = chunks
@@ -74,19 +75,23 @@ class _PartBody(io.RawIOBase):
         i = bisect.bisect_right(self._starts, self._pos) - 1
         return i, self._pos - self._starts[i]
 
-    def read(self, size: int | None = -1) -> bytes:
+    def read(self, size: int | None = -1) -> bytes | memoryview:  # type: ignore[override]
+        """At most ``size`` bytes, from the current chunk only, without copying: the chunk itself
+        or a memoryview of it (a short read; b"" only at the end). botocore's checksum pass and
+        http.client's send loop read parts this way, so a part is never copied on its way out."""
         if self._pos >= self.size:
             return b""
         if size is None or size < 0:
-            size = self.size - self._pos
+            out = bytearray(self.size - self._pos)
+            self.readinto(out)
+            return bytes(out)
         i, off = self._locate()
         chunk = self._chunks[i]
-        if off + size <= len(chunk):  # inside one chunk: one copy, no scratch buffer
-            self._pos += size
-            return bytes(chunk[off : off + size])
-        out = bytearray(min(size, self.size - self._pos))
-        n = self.readinto(out)
-        return bytes(out[:n]) if n < len(out) else bytes(out)
+        n = min(size, len(chunk) - off)
+        self._pos += n
+        if off == 0 and n == len(chunk) and isinstance(chunk, bytes):
+            return chunk
+        return memoryview(chunk)[off : off + n]
 
     def readinto(self, b: Any) -> int:
         view = memoryview(b).cast("B")

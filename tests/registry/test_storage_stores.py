@@ -282,13 +282,25 @@ def test_part_body_reads_and_seeks_across_chunks() -> None:
     data = os.urandom(10_000)
     chunks: list[bytes | memoryview] = [data[:3000], memoryview(data)[3000:3001], data[3001:]]
     body = _PartBody(chunks)
+
+    def read_all(size: int) -> bytes:
+        got = bytearray()
+        while piece := body.read(size):
+            assert 0 < len(piece) <= size
+            got += piece
+        return bytes(got)
+
     assert body.size == 10_000 and body.read() == data and body.read(5) == b""
     body.seek(2990)
-    assert body.read(20) == data[2990:3010] and body.tell() == 3010
+    assert body.read(20) == data[2990:3000]  # a short read: the rest of the current chunk only
+    assert body.read(20) == data[3000:3001] and body.tell() == 3001
     assert body.seek(0, 2) == 10_000 and body.seek(-10, 1) == 9990
     assert body.read(100) == data[9990:]
+    for size in (777, 3000, 1 << 20):
+        body.seek(0)
+        assert read_all(size) == data
     body.seek(0)
-    got = bytearray()
-    while piece := body.read(777):
-        got += piece
-    assert bytes(got) == data
+    assert body.read(1 << 20) is chunks[0]  # a whole received chunk is handed out as is
+    buf = bytearray(4000)
+    body.seek(2500)
+    assert body.readinto(buf) == 4000 and bytes(buf) == data[2500:6500]
