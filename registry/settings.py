@@ -28,6 +28,18 @@ class RegistrySettings(LoraplaneSettings):
         le=16,
         description="Parts of one file uploaded at once while it streams in (memory: this × part size).",
     )
+    storage_orphan_age_s: float = Field(
+        default=3600,
+        gt=0,
+        description="The orphan sweeper removes unfinished S3 multipart uploads and version locations "
+        "no version row names once they are this old (what a failed or killed upload left behind).",
+    )
+    storage_sweep_interval_s: float = Field(
+        default=3600,
+        ge=0,
+        description="How often the admin API sweeps the artifact store for orphans (also once at "
+        "start-up); 0 turns the sweeper off.",
+    )
     allowed_sources: list[str] = Field(
         default_factory=list,
         description="Prefixes that `source_uri` registration may read from, and Hugging Face repositories "

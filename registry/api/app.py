@@ -8,7 +8,9 @@ bad input is never a 500.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -18,7 +20,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kit.db import make_engine, make_session_factory
+from kit.db import make_engine, make_session_factory, session_scope
 from kit.errors import LoraplaneError
 from registry.api import (
     routes_adapters,
@@ -35,7 +37,9 @@ from registry.auth.dependencies import AuthConfig, guard
 from registry.feed import ChangeFeed, make_feed
 from registry.migrate import check_schema
 from registry.replicas import ReplicaDirectory
+from registry.repositories import artifacts as artifacts_repo
 from registry.settings import RegistrySettings
+from registry.storage.sweeper import OrphanSweeper
 
 log = logging.getLogger("loraplane.registry.api")
 
@@ -135,6 +139,23 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error(500, "internal_error", "internal error")
 
 
+def start_orphan_sweeper(st: AdminState) -> OrphanSweeper | None:
+    """The artifact store's orphan sweeper (registry.storage.sweeper), unless turned off."""
+    if st.store is None or st.settings.storage_sweep_interval_s <= 0:
+        return None
+
+    def referenced(uris: list[str]) -> set[str]:
+        with session_scope(st.factory) as session:
+            return artifacts_repo.referenced_storage_uris(session, uris)
+
+    return OrphanSweeper(
+        st.store,
+        referenced,
+        interval_s=st.settings.storage_sweep_interval_s,
+        older_than_s=st.settings.storage_orphan_age_s,
+    ).start()
+
+
 def create_admin_app(
     settings: RegistrySettings,
     *,
@@ -162,7 +183,17 @@ def create_admin_app(
         log.warning("LORAPLANE_ADMIN_TOKEN is not set: every admin request is refused")
         token = None
 
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        sweeper = start_orphan_sweeper(app.state.admin)  # under a server (or a TestClient context)
+        try:
+            yield
+        finally:
+            if sweeper is not None:
+                sweeper.stop()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="loraplane admin API",
         version="1",
         description="Adapters, versions, promote / canary / rollback, tenants, keys, grants, audit.",
