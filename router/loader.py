@@ -220,6 +220,7 @@ class Loader:
                 since=now,
                 last_used=now,
                 size_bytes=version.total_bytes,
+                requests=self._store.past_requests.pop(version.lora_name, 0),
             )
             rep.residents[version.lora_name] = r
         else:

@@ -71,6 +71,7 @@ class Sender:
         rep.inflight += 1
         if resident is not None:
             resident.inflight += 1
+            resident.requests += 1
             resident.last_used = self._clock()
         ended = False
 

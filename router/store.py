@@ -67,6 +67,7 @@ class Residency:
     last_used: float
     inflight: int = 0  # this process's requests in flight (or waiting for the load) there
     remote_inflight: int = 0  # other live gateway processes using it there (cluster marks)
+    requests: int = 0  # requests this process routed to the adapter (kept across its evictions)
     size_bytes: int = 0
     reason: str = ""
     # The replica whose ``residents`` holds this record (set on insertion): any change of a
@@ -93,6 +94,7 @@ class Residency:
                 last_used=self.last_used,
                 inflight=self.inflight + self.remote_inflight,
                 size_bytes=self.size_bytes,
+                requests=self.requests,
             )
             object.__setattr__(self, "_snap", snap)
         return snap
@@ -241,6 +243,8 @@ class ReplicaStore:
         self._metrics = metrics
         self._on_poll = on_poll
         self.replicas: dict[str, ReplicaState] = {}
+        # lora_name → requests counted on records since unloaded (the evictor's frequency)
+        self.past_requests: dict[str, int] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._dns_tasks: list[asyncio.Task[None]] = []
         self._stopped = False

@@ -77,6 +77,9 @@ class Unloader:
             return False
         if rep.residents.get(lora_name) is r:
             rep.residents.pop(lora_name, None)
+            if r is not None and r.requests:
+                past = self._store.past_requests
+                past[lora_name] = max(past.get(lora_name, 0), r.requests)
         adapter_id = r.adapter_id if r else lora_name.split("@", 1)[0]
         version = r.version if r else ""
         if not res.already_gone:
