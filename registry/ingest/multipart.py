@@ -225,7 +225,7 @@ async def ingest_multipart(
         if not ing.ended:
             raise InvalidRequest("multipart body ended before its closing boundary")
         await ing.pipe.wait()
-        checked = ing.insp.validate(base)
+        checked = await asyncio.to_thread(ing.insp.validate, base)  # a large header takes a while
         return IngestResult(
             pending=pending,
             files=list(ing.insp.files),
