@@ -78,6 +78,8 @@ class AdapterRow(Base):
     canary_version: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     canary_weight: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     hot: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
+    # what the gateway serves when the selected version cannot be loaded (SPEC §15)
+    on_load_failure: Mapped[str] = mapped_column(sa.String(20), default="error", server_default="error")
     # limits shared by every tenant of the adapter (SPEC §15); null = unlimited
     rpm: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     tpm: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)

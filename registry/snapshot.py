@@ -35,6 +35,7 @@ class VersionInfo:
     files: tuple[FileInfo, ...]
     storage_uri: str  # "s3://bucket/prefix/…/" or "file:///abs/dir/"
     base_model: str
+    rollback_to: str | None = None  # the version that was active when this one was promoted
 
     @property
     def weights_sha256(self) -> str:
@@ -74,6 +75,7 @@ class AdapterInfo:
     hot: bool = False  # marked hot: the router keeps the active version prewarmed (SPEC §8)
     owner: str | None = None
     limits: Limits = Limits()  # shared by every tenant (SPEC §15)
+    on_load_failure: str = "error"  # error | previous_version | base_model (SPEC §15)
 
 
 @dataclass(frozen=True, slots=True)

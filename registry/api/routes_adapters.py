@@ -105,6 +105,7 @@ def create_adapter(
             owner=body.owner,
             description=body.description,
             hot=body.hot,
+            on_load_failure=body.on_load_failure,
             actor=who.id,
         ),
     )

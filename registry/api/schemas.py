@@ -47,6 +47,15 @@ class BaseModelPatch(_In):
     )
 
 
+OnLoadFailure = Literal["error", "previous_version", "base_model"]
+ON_LOAD_FAILURE_DOC = (
+    "When the selected version cannot be served after the router's retry (load failed, hash "
+    "mismatch, load timeout, no capacity): error (503 adapter_load_failed), previous_version (the "
+    "rollback_to chain's first serveable version) or base_model (the bare base model). Pinned "
+    "@vN requests never fall back."
+)
+
+
 class AdapterCreate(_In):
     id: StrictStr
     base_model: StrictStr
@@ -55,6 +64,7 @@ class AdapterCreate(_In):
     hot: StrictBool = Field(
         default=False, description="Marked hot: the router keeps the active version prewarmed."
     )
+    on_load_failure: OnLoadFailure = Field(default="error", description=ON_LOAD_FAILURE_DOC)
 
 
 class AdapterPatch(_In):
@@ -71,6 +81,7 @@ class AdapterPatch(_In):
         le=100,
         description="Approvals a promotion needs, overriding the base model's (null: the base model's).",
     )
+    on_load_failure: OnLoadFailure | None = Field(default=None, description=ON_LOAD_FAILURE_DOC)
     limits: LimitsIn | None = Field(
         default=None,
         description="Limits shared by every tenant of the adapter, merged key by key (null clears all "
@@ -216,6 +227,7 @@ class AdapterOut(_Out):
     canary_version: str | None
     canary_weight: int | None
     hot: bool
+    on_load_failure: str = Field(description=ON_LOAD_FAILURE_DOC)
     approvals_required: int | None = Field(description="Overrides the base model's; null: the base model's.")
     limits: LimitsOut = Field(description="Shared by every tenant of the adapter (null = unlimited).")
     created_at: datetime

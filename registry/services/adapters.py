@@ -63,9 +63,11 @@ def create_adapter(
     description: str | None,
     actor: str,
     hot: bool = False,
+    on_load_failure: str = "error",
 ) -> AdapterRecord:
     require_slug(adapter_id, "id")
     _check_field("hot", hot)
+    _check_field("on_load_failure", on_load_failure)
     if base_repo.get(session, base_model) is None:
         raise InvalidRequest(f"base model {base_model!r} is not registered", details={"field": "base_model"})
     if repo.get(session, adapter_id) is not None:
@@ -80,6 +82,7 @@ def create_adapter(
                 description=description,
                 status="active",
                 hot=hot,
+                on_load_failure=on_load_failure,
             ),
         )
     except IntegrityError:
@@ -90,12 +93,13 @@ def create_adapter(
         action="adapter.created",
         subject_type="adapter",
         subject_id=adapter_id,
-        details={"base_model": base_model, "owner": owner, "hot": hot},
+        details={"base_model": base_model, "owner": owner, "hot": hot, "on_load_failure": on_load_failure},
     )
     return AdapterRecord.of(row)
 
 
-UPDATABLE = ("description", "owner", "hot", "approvals_required")
+UPDATABLE = ("description", "owner", "hot", "approvals_required", "on_load_failure")
+ON_LOAD_FAILURE = ("error", "previous_version", "base_model")
 
 
 def _check_field(name: str, value: Any) -> None:
@@ -104,6 +108,11 @@ def _check_field(name: str, value: Any) -> None:
     elif name == "hot":
         if not isinstance(value, bool):
             raise InvalidRequest("hot must be a boolean", details={"field": "hot"})
+    elif name == "on_load_failure":
+        if value not in ON_LOAD_FAILURE:
+            raise InvalidRequest(
+                f"on_load_failure must be one of {', '.join(ON_LOAD_FAILURE)}", details={"field": name}
+            )
     elif value is not None and not isinstance(value, str):
         raise InvalidRequest(f"{name} must be a string or null", details={"field": name})
     elif name == "owner" and value is not None and len(value) > 255:
@@ -124,7 +133,8 @@ def update_adapter(
     for name, value in changes.items():
         if name not in UPDATABLE:
             raise InvalidRequest(
-                f"unknown field {name!r} (known: description, owner, hot, limits)", details={"field": name}
+                f"unknown field {name!r} (known: {', '.join((*UPDATABLE, 'limits'))})",
+                details={"field": name},
             )
         _check_field(name, value)
     row = adapter_row(session, adapter_id, for_update=True)

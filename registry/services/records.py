@@ -118,6 +118,7 @@ class AdapterRecord:
     hot: bool
     approvals_required: int | None
     created_at: datetime
+    on_load_failure: str = "error"  # SPEC §15
     versions: list[VersionRecord] | None = None  # only in describe
     limits: LimitsRecord = NO_LIMITS  # shared by every tenant (SPEC §15)
 
@@ -133,6 +134,7 @@ class AdapterRecord:
             canary_version=vname(row.canary_version),
             canary_weight=row.canary_weight if row.canary_version is not None else None,
             hot=bool(row.hot),
+            on_load_failure=row.on_load_failure or "error",
             approvals_required=row.approvals_required,
             created_at=row.created_at,
             versions=[VersionRecord.of(v) for v in versions] if versions is not None else None,

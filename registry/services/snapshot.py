@@ -80,6 +80,7 @@ def _adapters(rows: Iterable[Any], version_rows: Iterable[Any]) -> dict[str, Ada
             files=tuple(FileInfo(name=f["name"], size=int(f["size"]), sha256=f["sha256"]) for f in v.files),
             storage_uri=v.storage_uri,
             base_model=base_of.get(v.adapter_id, ""),
+            rollback_to=version_name(v.rollback_to) if v.rollback_to is not None else None,
         )
     return {
         a.id: AdapterInfo(
@@ -93,6 +94,7 @@ def _adapters(rows: Iterable[Any], version_rows: Iterable[Any]) -> dict[str, Ada
             hot=bool(a.hot),
             owner=a.owner,
             limits=Limits(rpm=a.rpm, tpm=a.tpm, max_concurrency=a.max_concurrency),
+            on_load_failure=a.on_load_failure or "error",
         )
         for a in adapter_rows
     }

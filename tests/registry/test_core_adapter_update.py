@@ -25,7 +25,7 @@ A = f"{V1}/adapters/support"
 
 RECORD_FIELDS = {
     "id", "base_model", "owner", "description", "status", "active_version", "canary_version",
-    "canary_weight", "hot", "approvals_required", "limits", "created_at",
+    "canary_weight", "hot", "on_load_failure", "approvals_required", "limits", "created_at",
 }  # fmt: skip
 
 
@@ -170,10 +170,31 @@ def test_openapi_describes_patch(client: TestClient) -> None:
     op = doc["paths"]["/admin/v1/adapters/{adapter_id}"]["patch"]
     ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     schema = doc["components"]["schemas"][ref.rsplit("/", 1)[-1]]
-    assert set(schema["properties"]) == {"description", "owner", "hot", "approvals_required", "limits"}
+    assert set(schema["properties"]) == {
+        "description", "owner", "hot", "approvals_required", "on_load_failure", "limits"
+    }  # fmt: skip
     assert schema.get("additionalProperties") is False
     assert "200" in op["responses"] and "422" in op["responses"] and "404" in op["responses"]
     out = op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
     assert "hot" in doc["components"]["schemas"][out]["required"]
     create = doc["components"]["schemas"]["AdapterCreate"]
     assert "hot" in create["properties"]
+
+
+def test_on_load_failure_set_on_create_and_patch_and_carried_in_the_snapshot(
+    client: TestClient, factory: Any
+) -> None:
+    seed_adapter(client)
+    assert client.get(A).json()["on_load_failure"] == "error"  # default: today's behaviour
+    r = client.post(
+        f"{V1}/adapters", json={"id": "kind", "base_model": "demo-base", "on_load_failure": "base_model"}
+    )
+    assert r.status_code == 201 and r.json()["on_load_failure"] == "base_model"
+    r = client.patch(A, json={"on_load_failure": "previous_version"})
+    assert r.status_code == 200 and r.json()["on_load_failure"] == "previous_version"
+    assert _events(client)[-1]["details"] == {"on_load_failure": "previous_version"}
+    _error(client.patch(A, json={"on_load_failure": "retry"}), 422, "invalid_request")
+    with session_scope(factory) as s:
+        snap = load_snapshot(s)
+    assert snap.adapters["support"].on_load_failure == "previous_version"
+    assert snap.adapters["kind"].on_load_failure == "base_model"
