@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import SecretStr
 
@@ -91,7 +92,11 @@ class HubSnapshot:
 
 
 def _endpoint_name(api: HfApi) -> str:
-    return str(api.endpoint)
+    """The hub's URL as shown in errors: scheme, host, port and path, never a user or password."""
+    parts = urlsplit(str(api.endpoint))
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _translate(exc: BaseException, ref: HfRef, api: HfApi, *, resolving: bool) -> LoraplaneError | None:

@@ -308,7 +308,11 @@ def test_hub_unreachable_or_failing(env: Env, tmp_path: Path) -> None:
     env.hub.fail_status = 503
     r = env.post(f"hf://{REPO}@main")
     assert r.status_code == 502 and r.json()["error"]["code"] == "source_unavailable", r.text
-    assert r.json()["error"]["details"]["hub_status"] == 503
+    assert r.json()["error"]["details"] == {
+        "source_uri": f"hf://{REPO}@main",
+        "endpoint": env.hub.url,
+        "hub_status": 503,
+    }
     # the revision resolves, then the downloads fail (after the library's retries)
     env.hub.fail_status, env.hub.fail_only_files = 500, True
     r = env.post(f"hf://{REPO}@main")
