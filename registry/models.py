@@ -86,6 +86,8 @@ class AdapterRow(Base):
     max_concurrency: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     # null = the base model's approvals_required applies (SPEC §14)
     approvals_required: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    # SPEC §16: watch canaries on live traffic (registry.canary.policy); null = unwatched
+    canary_policy: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     versions: Mapped[list[VersionRow]] = relationship(

@@ -67,6 +67,13 @@ class AdapterCreate(_In):
     on_load_failure: OnLoadFailure = Field(default="error", description=ON_LOAD_FAILURE_DOC)
 
 
+CANARY_POLICY_DOC = (
+    "Canary analysis (SPEC §16): `min_requests`, `max_error_rate_delta`, `max_ttft_p99_ratio`, "
+    "`max_check_failure_rate_delta`, `window_s`, `auto_promote_after_s`; stored whole, keys left "
+    "out take their defaults; null: canaries run unwatched."
+)
+
+
 class AdapterPatch(_In):
     """Any of these; fields left out stay as they are. ``owner``/``description`` may be null."""
 
@@ -87,6 +94,7 @@ class AdapterPatch(_In):
         description="Limits shared by every tenant of the adapter, merged key by key (null clears all "
         "three); checked by the gateway with the tenant, grant and owner limits in one admission.",
     )
+    canary_policy: dict[str, Any] | None = Field(default=None, description=CANARY_POLICY_DOC)
 
 
 class PromoteBody(_In):
@@ -231,6 +239,7 @@ class AdapterOut(_Out):
     approvals_required: int | None = Field(description="Overrides the base model's; null: the base model's.")
     limits: LimitsOut = Field(description="Shared by every tenant of the adapter (null = unlimited).")
     created_at: datetime
+    canary_policy: dict[str, Any] | None = Field(default=None, description=CANARY_POLICY_DOC)
 
 
 class AdapterDetailOut(AdapterOut):

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from kit.errors import Conflict, InvalidRequest, NotFound
 from kit.ids import is_slug, version_number
+from registry.canary.policy import check_canary_policy
 from registry.models import AdapterRow, VersionRow
 from registry.repositories import adapters as repo
 from registry.repositories import base_models as base_repo
@@ -130,10 +131,12 @@ def update_adapter(
     ``limits: null`` clears all three."""
     changes = dict(changes)
     limits = _limits_change(changes.pop("limits")) if "limits" in changes else None
+    policy_sent = "canary_policy" in changes  # SPEC §16: stored whole, defaults filled in
+    policy = check_canary_policy(changes.pop("canary_policy")) if policy_sent else None
     for name, value in changes.items():
         if name not in UPDATABLE:
             raise InvalidRequest(
-                f"unknown field {name!r} (known: {', '.join((*UPDATABLE, 'limits'))})",
+                f"unknown field {name!r} (known: {', '.join((*UPDATABLE, 'limits', 'canary_policy'))})",
                 details={"field": name},
             )
         _check_field(name, value)
@@ -147,6 +150,9 @@ def update_adapter(
         for k, v in limits.items():
             setattr(row, k, v)
         applied["limits"] = {k: getattr(row, k) for k in LIMIT_KEYS}
+    if policy_sent and row.canary_policy != policy:
+        row.canary_policy = policy
+        applied["canary_policy"] = policy
     if applied:
         repo.flush(session)
         record_change(

@@ -121,6 +121,7 @@ class AdapterRecord:
     on_load_failure: str = "error"  # SPEC §15
     versions: list[VersionRecord] | None = None  # only in describe
     limits: LimitsRecord = NO_LIMITS  # shared by every tenant (SPEC §15)
+    canary_policy: dict[str, Any] | None = None  # SPEC §16 canary analysis (None: unwatched)
 
     @classmethod
     def of(cls, row: AdapterRow, versions: list[VersionRow] | None = None) -> AdapterRecord:
@@ -139,6 +140,7 @@ class AdapterRecord:
             created_at=row.created_at,
             versions=[VersionRecord.of(v) for v in versions] if versions is not None else None,
             limits=LimitsRecord(rpm=row.rpm, tpm=row.tpm, max_concurrency=row.max_concurrency),
+            canary_policy=dict(row.canary_policy) if row.canary_policy is not None else None,
         )
 
 
