@@ -133,13 +133,18 @@ async def copy_and_validate(
     insp: Inspector,
     base: BaseModelSpec,
 ) -> ValidatedAdapter:
-    """Run the blocking ``copy(cancel)`` in a thread, then validate what it saw. On any failure,
-    cancellation included, the copy is told to stop and waited for, then ``pending`` is aborted."""
+    """Run the blocking ``copy(cancel)`` in a thread, then validate what it saw (in that thread too:
+    a large weights header takes a while). On any failure, cancellation included, the copy is told
+    to stop and waited for, then ``pending`` is aborted."""
     cancel = threading.Event()
-    task = asyncio.ensure_future(asyncio.to_thread(copy, cancel))
-    try:
-        await asyncio.shield(task)
+
+    def run() -> ValidatedAdapter:
+        copy(cancel)
         return insp.validate(base)
+
+    task = asyncio.ensure_future(asyncio.to_thread(run))
+    try:
+        return await asyncio.shield(task)
     except BaseException:
         cancel.set()
         with contextlib.suppress(BaseException):
