@@ -5,7 +5,8 @@ auth → parse → resolve model → admit (rate limits) → ``router.forward`` 
 passed through chunk by chunk) → settle limits, metrics, one JSON log line.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-``GET /healthz``, ``GET /readyz``, ``GET /metrics``. Every answer carries ``x-request-id``
+``GET /healthz``, ``GET /readyz``, ``GET /metrics``, ``GET /openapi.json`` (``gateway.openapi``).
+Every answer carries ``x-request-id``
 (the client's, echoed, when it is sane); adapter answers carry ``x-loraplane-adapter-version``;
 the completion endpoints carry the ``x-ratelimit-*`` headers for an authenticated tenant.
 """
@@ -22,6 +23,7 @@ import orjson
 
 from gateway.asgi import Receive, Scope, Send, header_map, read_body, send_bytes, stream_out
 from gateway.errors import GatewayError, error_body
+from gateway.openapi import OPENAPI_JSON
 from gateway.parse import Endpoint, estimate_tokens, parse_request
 from gateway.ratelimit import (
     AdmitResult,
@@ -79,6 +81,7 @@ class _Ctx:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    canary: bool = False  # the adapter had a canary: the outcome feeds canary analysis (SPEC §16)
 
 
 class GatewayApp:
@@ -127,7 +130,7 @@ class GatewayApp:
                 )
             return await self.completion(endpoint, receive, send, headers)
         if method not in ("GET", "HEAD"):
-            if path in ("/v1/models", "/healthz", "/readyz", "/metrics"):
+            if path in ("/v1/models", "/healthz", "/readyz", "/metrics", "/openapi.json"):
                 return await self._plain_error(
                     send, headers, GatewayError(405, "method_not_allowed", "use GET")
                 )
@@ -143,6 +146,8 @@ class GatewayApp:
                 send, 200, self.gw.metrics.render(), [(b"x-request-id", _request_id(headers))],
                 b"text/plain; version=0.0.4; charset=utf-8",
             )  # fmt: skip
+        if path == "/openapi.json":
+            return await send_bytes(send, 200, OPENAPI_JSON, [(b"x-request-id", _request_id(headers))])
         return await self._plain_error(send, headers, GatewayError(404, "not_found", f"no route {path}"))
 
     async def _plain_error(self, send: Send, headers: dict[bytes, bytes], err: GatewayError) -> None:
@@ -172,6 +177,7 @@ class GatewayApp:
                 raise
             if res.version is not None:
                 ctx.adapter, ctx.version = res.version.adapter_id, res.version.version
+                ctx.canary = res.adapter is not None and res.adapter.canary_version is not None
             est = estimate_tokens(
                 req,
                 default_max_tokens=gw.settings.default_max_tokens,
@@ -189,6 +195,7 @@ class GatewayApp:
                 stream=req.stream,
                 client_wants_usage=req.include_usage,
                 want_usage=True,
+                pinned=res.pinned,
             )
             result = await self._forward(fwd, res)
         except GatewayError as e:
@@ -201,7 +208,10 @@ class GatewayApp:
             raise
         ctx.replica, ctx.cold_load, ctx.queue_s = result.replica, result.cold_load, result.queue_s
         out_headers = [(b"x-request-id", ctx.request_id), *ctx.headers]
-        if res.version is not None:
+        if result.fallback is not None and result.served_version is not None:  # SPEC §15
+            out_headers.append((b"x-loraplane-fallback", result.fallback.encode()))
+            out_headers.append((b"x-loraplane-adapter-version", result.served_version.encode()))
+        elif res.version is not None:
             out_headers.append((b"x-loraplane-adapter-version", res.version.version.encode()))
         if result.status >= 400:
             return await self._upstream_error(send, ctx, result, lease, out_headers)
@@ -432,6 +442,9 @@ class GatewayApp:
             if ctx.prompt_tokens is not None:
                 s.prompt_tokens.inc(ctx.prompt_tokens)
                 s.completion_tokens.inc(ctx.completion_tokens or 0)
+        if ctx.canary:  # batched, never a round trip here (gateway.canary)
+            first_byte = ctx.ttft_s if ctx.ttft_s is not None else latency
+            self.gw.canary.record(ctx.adapter, ctx.version, ctx.status, first_byte)
         if log.isEnabledFor(logging.INFO):
             log_record(
                 log,

@@ -30,6 +30,7 @@ class Resolution:
     version: VersionInfo | None
     grant: GrantInfo | None
     canary: bool = False
+    pinned: bool = False  # BASE:ADAPTER@vN: served as asked or not at all (no fallback)
 
 
 def split_model(model: str) -> tuple[str, str | None, str | None]:
@@ -80,7 +81,7 @@ def resolve(
                 f"Version `{version_name}` of the adapter `{adapter_id}` is disabled.",
                 param="model",
             )
-        return Resolution(base_model=base, adapter=adapter, version=version, grant=grant)
+        return Resolution(base_model=base, adapter=adapter, version=version, grant=grant, pinned=True)
     if adapter.active_version is None or adapter.active_version not in adapter.versions:
         raise model_not_found(model)
     chosen = adapter.active_version

@@ -45,6 +45,7 @@ class ForwardRequest:
     stream: bool
     client_wants_usage: bool = False  # stream_options.include_usage from the client
     want_usage: bool = True  # ask the replica for usage (to settle token limits)
+    pinned: bool = False  # the client named the version (``BASE:ADAPTER@vN``): never a fallback
 
 
 @dataclass(slots=True)
@@ -67,6 +68,10 @@ class ForwardResult:
     # streams: set when the stream ended with an error event instead of the replica's [DONE]
     # (``upstream_error`` | ``upstream_timeout`` | ``wrong_adapter``), known once it has ended
     stream_error: str | None = None
+    # set when the adapter's ``on_load_failure`` policy served something else (SPEC §15):
+    # ``previous_version`` | ``base_model``, and the version that answered (``base`` for the model)
+    fallback: str | None = None
+    served_version: str | None = None
 
 
 class RouterError(Exception):

@@ -35,6 +35,7 @@ from router.contract import (
 )
 from router.directory import DirectoryPublisher, LocalReplicaDirectory
 from router.drivers import ModelsInfo, Retryable, make_driver
+from router.fallback import Fallback
 from router.hotness import HotSet
 from router.loader import Loader, LoadError
 from router.metrics import router_metrics
@@ -99,6 +100,7 @@ class Router:
         self._hot: HotSet | None = None
         self._planner: Planner | None = None
         self._events = RouterAudit(audit)
+        self._fallback = Fallback(self.metrics, self._events, lambda: self.snapshot, clock=clock)
         self._sender: Sender | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._bg: set[asyncio.Task[Any]] = set()
@@ -251,6 +253,14 @@ class Router:
     # ------------------------------------------------------------------ forwarding
 
     async def forward(self, req: ForwardRequest) -> ForwardResult:
+        try:
+            return await self._forward(req)
+        except (AdapterLoadFailed, NoCapacity) as exc:
+            if req.version is None or req.pinned:
+                raise
+            return await self._fallback.serve(req, exc, self._forward)
+
+    async def _forward(self, req: ForwardRequest) -> ForwardResult:
         t0 = self._clock()
         store = self.store
         if not store.for_base(req.base_model):

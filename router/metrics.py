@@ -48,6 +48,13 @@ class RouterMetrics:
         self.replicas_healthy = Gauge(
             "loraplane_replicas_healthy", "Healthy replicas per pool.", ["pool"], registry=registry
         )
+        self.fallbacks = Counter(
+            "loraplane_fallbacks",
+            "Requests answered by an adapter's on_load_failure policy (SPEC §15), by the version that "
+            "could not be served and the kind of fallback (previous_version, base_model).",
+            ["adapter", "version", "kind"],
+            registry=registry,
+        )
         self.wrong_adapter = Counter(
             "loraplane_wrong_adapter_answers",
             "Replica answers that came from another model than the one asked for.",
