@@ -204,6 +204,7 @@ async def run_up(
     from registry.console.wiring import local_traffic
     from registry.demo import demo_base_model
     from registry.feed import make_feed
+    from registry.quality.settings import EvaluatorSettings
     from registry.services.audit import DbAuditSink
     from registry.services.bootstrap import ensure_base_model
     from registry.settings import RegistrySettings
@@ -254,9 +255,12 @@ async def run_up(
         feed = make_feed(reg_settings, engine, kind="inprocess")
         router = Router(rsettings, store=store, audit=BufferedAuditSink(DbAuditSink(factory)))
         gateway = build_gateway(gsettings, router=router, engine=engine, feed=feed)
+        # the evaluator (SPEC §16) sends its cases through this process's own gateway
+        gw_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         admin_app = create_admin_app(
-            reg_settings, engine=engine, store=store, feed=feed, replica_directory=router.directory
-        )
+            reg_settings, engine=engine, store=store, feed=feed, replica_directory=router.directory,
+            evaluator_settings=EvaluatorSettings(eval_gateway_url=f"http://{gw_host}:{port}"),
+        )  # fmt: skip
         traffic = local_traffic(admin_app, gateway.metrics.registry)  # the console's traffic page
         servers = [
             make_server(admin_app, host, admin_port, log_level=gsettings.log_level),

@@ -13,6 +13,7 @@ from sqlalchemy import Connection
 import registry.models  # noqa: F401  (registers the tables on the metadata)
 from kit.db import make_engine, normalize_url
 from kit.orm import Base
+from registry.quality import models as quality_models  # noqa: F401  (the quality tables, SPEC §16)
 
 config = context.config
 target_metadata = Base.metadata

@@ -39,6 +39,7 @@ from urllib.parse import quote
 import httpx
 
 from registry.admin_client_governance import GovernanceCalls
+from registry.admin_client_quality import QualityCalls
 
 API_PREFIX = "/admin/v1"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8081"
@@ -199,9 +200,10 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
 IMPORT_TIMEOUT_S = 3600.0  # an hf:// import answers once every file is copied (2 GiB by default)
 
 
-class AdminClient(GovernanceCalls):
+class AdminClient(GovernanceCalls, QualityCalls):
     """Synchronous client of ``/admin/v1``. Use as a context manager, or call :meth:`close`.
-    The governance calls (principals, promotions, bulk) come from :class:`GovernanceCalls`."""
+    The governance calls (principals, promotions, bulk) come from :class:`GovernanceCalls`, the
+    quality calls (regression sets, policies, evaluations) from :class:`QualityCalls`."""
 
     def __init__(
         self,

@@ -28,6 +28,7 @@ from registry.api import (
     routes_governance,
     routes_ops,
     routes_owners,
+    routes_quality,
     routes_tenants,
     routes_upload,
 )
@@ -36,6 +37,7 @@ from registry.api.schemas import ErrorOut
 from registry.auth.dependencies import AuthConfig, guard
 from registry.feed import ChangeFeed, make_feed
 from registry.migrate import check_schema
+from registry.quality.settings import EvaluatorSettings
 from registry.replicas import ReplicaDirectory
 from registry.repositories import artifacts as artifacts_repo
 from registry.settings import RegistrySettings
@@ -55,6 +57,7 @@ ADMIN_ROUTERS = (
     routes_ops.router,
     routes_governance.router,
     routes_bulk.router,
+    routes_quality.router,
 )
 
 _HTTP_CODES = {
@@ -163,9 +166,11 @@ def create_admin_app(
     store: Any = None,
     feed: ChangeFeed | None = None,
     replica_directory: ReplicaDirectory | None = None,
+    evaluator_settings: EvaluatorSettings | None = None,
 ) -> FastAPI:
     """Build the admin API. Builds what is None from ``settings`` (engine, artifact store, change
-    feed) and refuses a database whose schema is not at head (``Unavailable("stale_schema")``)."""
+    feed) and refuses a database whose schema is not at head (``Unavailable("stale_schema")``).
+    ``evaluator_settings``: the evaluation worker's (default: from the environment)."""
     if engine is None:
         engine = make_engine(settings.resolved_database_url())
     check_schema(engine)
@@ -186,9 +191,11 @@ def create_admin_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweeper = start_orphan_sweeper(app.state.admin)  # under a server (or a TestClient context)
+        evaluator.start()  # evaluations (SPEC §16); fails runs a killed process left running
         try:
             yield
         finally:
+            evaluator.stop()
             if sweeper is not None:
                 sweeper.stop()
 
@@ -218,6 +225,7 @@ def create_admin_app(
         replica_directory=replica_directory,
         admin_token=token,
     )
+    evaluator = routes_quality.attach_evaluator(app, app.state.admin, evaluator_settings)
     app.state.auth = AuthConfig(factory=app.state.admin.factory, bootstrap_token=token)
     _install_error_handlers(app)
 

@@ -71,6 +71,15 @@ MATRIX: dict[tuple[str, str], dict[str, str]] = {
     ("POST", "/bulk/rollback"): EMERGENCY,
     ("POST", "/bulk/disable"): EMERGENCY,
     ("POST", "/bulk/enable"): EMERGENCY,
+    # quality (SPEC §16): sets and policies change how an adapter is judged (adapter.update)
+    ("PUT", "/adapters/{adapter_id}/regression-set"): MAINTAIN,
+    ("GET", "/adapters/{adapter_id}/regression-set"): READ,
+    ("PUT", "/adapters/{adapter_id}/quality-policy"): MAINTAIN,
+    ("GET", "/adapters/{adapter_id}/quality-policy"): READ,
+    ("POST", "/adapters/{adapter_id}/versions/{version}/evaluations"): MAINTAIN,
+    ("GET", "/adapters/{adapter_id}/versions/{version}/evaluations"): READ,
+    ("GET", "/adapters/{adapter_id}/versions/{version}/evaluations/{eval_id}"): READ,
+    ("GET", "/adapters/{adapter_id}/evaluations"): READ,
 }
 
 
@@ -100,7 +109,7 @@ def _url(path: str, promotion_id: str) -> str:
     values = {
         "adapter_id": "support", "version": "v9", "name": "demo-base", "tenant_id": "acme",
         "key_id": "no-such-key", "owner": "team-a", "principal_id": "someone", "token_id": "no-such-token",
-        "promotion_id": promotion_id,
+        "promotion_id": promotion_id, "eval_id": "ev_none",
     }  # fmt: skip
     if path.endswith("/promote") or path.endswith("/quality-gate"):
         values["version"] = "v2"

@@ -1,0 +1,47 @@
+"""Typed settings of the evaluator (SPEC §16). Env prefix ``LORAPLANE_``."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from kit.settings import LoraplaneSettings
+
+
+class EvaluatorSettings(LoraplaneSettings):
+    eval_gateway_url: str | None = Field(
+        default=None,
+        description="Gateway the evaluator sends cases through (its /v1 API). Unset: "
+        "http://LORAPLANE_GATEWAY_HOST:LORAPLANE_GATEWAY_PORT (127.0.0.1:8080), the gateway of "
+        "`loraplane serve --role all`; `loraplane up` points it at its own gateway.",
+    )
+    eval_concurrency: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Requests one evaluation has in flight at most (live traffic keeps its latency).",
+    )
+    eval_seed: int = Field(
+        default=0, description="The `seed` of every evaluation request (temperature is 0)."
+    )
+    eval_max_tokens: int = Field(default=256, ge=1, description="`max_tokens` of a case that sets none.")
+    eval_request_timeout_s: float = Field(
+        default=120.0, gt=0, description="Timeout of one evaluation request."
+    )
+    eval_stale_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A running evaluation whose process has not reported for this long (it was killed or "
+        "restarted) is marked failed, at start-up and by a periodic check.",
+    )
+    eval_key_wait_s: float = Field(
+        default=15.0, gt=0, description="How long a run waits for the gateway to accept its fresh tenant key."
+    )
+
+    gateway_host: str = Field(default="127.0.0.1", description="The gateway's bind address (same setting).")
+    gateway_port: int = Field(default=8080, description="The gateway's port (same setting).")
+
+    def gateway_url(self) -> str:
+        if self.eval_gateway_url:
+            return self.eval_gateway_url.rstrip("/")
+        host = "127.0.0.1" if self.gateway_host in ("0.0.0.0", "::", "") else self.gateway_host
+        return f"http://{host}:{self.gateway_port}"
