@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from gateway.canary import CanaryRecorder, MemoryCanaryCounters, RedisCanaryRecorder
 from gateway.ratelimit import Limiter, MemoryLimiter, RedisLimiter
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
@@ -77,4 +78,16 @@ def build_gateway(
         table=table,
         limiter=limiter if limiter is not None else make_limiter(settings),
         manage_router=manage_router,
+        canary=make_canary_recorder(settings),
     )
+
+
+def make_canary_recorder(settings: GatewaySettings) -> CanaryRecorder:
+    """Canary-analysis counters (SPEC §16): batched into Redis when configured (every gateway's
+    traffic counts), else in this process."""
+    if not settings.redis_url:
+        return MemoryCanaryCounters()
+    from kit.redis_factory import make_redis
+
+    redis = make_redis(settings.redis_url, max_connections=4, timeout=settings.redis_timeout_s)
+    return RedisCanaryRecorder(redis, settings.redis_prefix)

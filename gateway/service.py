@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 from gateway.auth import Authenticator
+from gateway.canary import CanaryRecorder, MemoryCanaryCounters
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import Limiter, MemoryLimiter
@@ -81,6 +82,7 @@ class Gateway:
         metrics: GatewayMetrics | None = None,
         manage_router: bool = True,
         rand: Callable[[], float] = random.random,
+        canary: CanaryRecorder | None = None,
     ) -> None:
         self.settings = settings
         self.router = router
@@ -90,6 +92,8 @@ class Gateway:
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
         self.auth = Authenticator(admin_token=token, cache_size=settings.key_cache_size)
         self.cold = ColdLoadGate(settings.cold_load_queue_cap, router.is_resident)
+        # canary analysis counters (SPEC §16): in memory, or batched to Redis (gateway.build)
+        self.canary: CanaryRecorder = canary if canary is not None else MemoryCanaryCounters()
         self.manage_router = manage_router
         self.rand = rand
         self.limiter_down = False  # last rate-limit store call failed
@@ -114,6 +118,8 @@ class Gateway:
             await self.router.stop()
         with contextlib.suppress(Exception):
             await self.limiter.close()
+        with contextlib.suppress(Exception):
+            await self.canary.close()
 
     def healthy_replicas(self) -> int:
         return self.router.healthy_count()

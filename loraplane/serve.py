@@ -50,6 +50,7 @@ async def run_serve(role: Role) -> None:
     store: Any = None
     gateway: Any = None
     closers: list[Any] = []  # the console's traffic samplers (daemon threads)
+    analyser: Any = None  # canary analysis (SPEC §16), in every gateway process, lease-elected
     if role in (Role.gateway, Role.all):
         from registry.audit_sink import BufferedAuditSink
         from registry.services.audit import DbAuditSink
@@ -77,6 +78,16 @@ async def run_serve(role: Role) -> None:
             closers.append(
                 publish_traffic(reg_settings.redis_url, reg_settings.redis_prefix, gateway.metrics.registry)
             )
+        from gateway.canary import MemoryCanaryCounters
+        from registry.canary.wiring import start_analyser
+
+        analyser = start_analyser(
+            engine,
+            promotion_ttl_s=reg_settings.promotion_ttl_s,
+            redis=redis,
+            redis_prefix=reg_settings.redis_prefix,
+            local_counters=gateway.canary if isinstance(gateway.canary, MemoryCanaryCounters) else None,
+        )
         servers.append(
             make_server(
                 create_gateway_app(gateway),
@@ -112,6 +123,8 @@ async def run_serve(role: Role) -> None:
     try:
         await serve_all(servers)
     finally:
+        if analyser is not None:
+            await analyser.stop()
         for closer in closers:
             closer.close()
         if audit is not None:
