@@ -158,6 +158,9 @@ def _parse_header(raw: bytes, data_len: int, info: SafetensorsInfo) -> None:
     except (UnicodeDecodeError, ValueError) as e:
         p.append(f"{_PREFIX}: header is not valid JSON: {e}")
         return
+    except RecursionError:  # nested deep enough to exhaust json's recursion: bad input, not a 500
+        p.append(f"{_PREFIX}: header is not valid JSON: nested too deeply")
+        return
     if not isinstance(obj, dict):
         p.append(f"{_PREFIX}: header is not a JSON object")
         return

@@ -10,13 +10,13 @@ problem found, each a sentence naming the file and the field, option or tensor a
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from kit.errors import InvalidAdapter
+from kit.inputs import json_problem, parse_json
 from registry.safetensors_header import (
     SafetensorsHeaderParser,
     SafetensorsInfo,
@@ -115,10 +115,6 @@ class _Config:
     modules: list[str] | None = None
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed in JSON")
-
-
 def _check_config(raw: bytes | None, base: BaseModelSpec, p: list[str]) -> _Config:
     out = _Config()
     if raw is None:
@@ -128,7 +124,7 @@ def _check_config(raw: bytes | None, base: BaseModelSpec, p: list[str]) -> _Conf
         p.append(f"{_CFG}: file is larger than {MAX_CONFIG_BYTES} bytes")
         return out
     try:
-        cfg = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        cfg = parse_json(raw.decode("utf-8"))  # NaN / Infinity and a nesting too deep: ValueError
     except UnicodeDecodeError:
         p.append(f"{_CFG}: not UTF-8 text")
         return out
@@ -137,6 +133,10 @@ def _check_config(raw: bytes | None, base: BaseModelSpec, p: list[str]) -> _Conf
         return out
     if not isinstance(cfg, dict):
         p.append(f"{_CFG}: must be a JSON object")
+        return out
+    unsafe = json_problem(cfg)  # deep nesting, NUL / control characters, numbers out of range
+    if unsafe is not None:
+        p.append(f"{_CFG}: {unsafe[0] or 'the file'}: {unsafe[1]}")
         return out
 
     peft_type = cfg.get("peft_type")

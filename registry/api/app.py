@@ -9,6 +9,7 @@ bad input is never a 500.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,11 +18,12 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kit.db import make_engine, make_session_factory, session_scope
 from kit.errors import LoraplaneError
+from kit.inputs import InputGuard
 from registry.api import (
     routes_adapters,
     routes_bulk,
@@ -33,6 +35,7 @@ from registry.api import (
     routes_upload,
 )
 from registry.api.deps import AdminState
+from registry.api.inputs import safe_path_params
 from registry.api.schemas import ErrorOut
 from registry.auth.dependencies import AuthConfig, guard
 from registry.feed import ChangeFeed, make_feed
@@ -98,6 +101,11 @@ def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
     return out
 
 
+def _guard_error(status: int, code: str, message: str, field: str) -> bytes:
+    envelope = {"error": {"code": code, "message": message, "details": {"field": field}}}
+    return json.dumps(envelope, separators=(",", ":")).encode()
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(LoraplaneError)
     async def _loraplane(_req: Request, exc: LoraplaneError) -> JSONResponse:
@@ -125,6 +133,13 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _integrity(_req: Request, exc: IntegrityError) -> JSONResponse:
         log.warning("integrity error", extra={"error": str(exc.orig)})
         return _error(409, "conflict", "the change conflicts with the current state; retry")
+
+    @app.exception_handler(DataError)
+    async def _data(_req: Request, exc: DataError) -> JSONResponse:
+        # A value the schemas let through but the database refuses (out of range, too long):
+        # still bad input, never a 500. The schemas (kit.inputs types) should catch it first.
+        log.warning("database refused a value", extra={"error": str(exc.orig)})
+        return _error(422, "invalid_request", "a value is out of range or too long for its field")
 
     @app.exception_handler(OperationalError)
     async def _operational(_req: Request, exc: OperationalError) -> JSONResponse:
@@ -201,6 +216,7 @@ def create_admin_app(
 
     app = FastAPI(
         lifespan=lifespan,
+        dependencies=[Depends(safe_path_params)],  # every route, the console's too
         title="loraplane admin API",
         version="1",
         description="Adapters, versions, promote / canary / rollback, tenants, keys, grants, audit.",
@@ -228,6 +244,9 @@ def create_admin_app(
     evaluator = routes_quality.attach_evaluator(app, app.state.admin, evaluator_settings)
     app.state.auth = AuthConfig(factory=app.state.admin.factory, bootstrap_token=token)
     _install_error_handlers(app)
+    # Control characters in the query, and oversized / too deep / unsafe JSON bodies, never reach
+    # a route (kit.inputs; SPEC §18); path parameters: safe_path_params above.
+    app.add_middleware(InputGuard, render=_guard_error)
 
     @app.get(f"{PREFIX}/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -104,7 +104,7 @@ async def _read_source_body(request: Request) -> SourceUpload:
             raise InvalidRequest("JSON body too large")
     try:
         data = json.loads(bytes(raw))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise InvalidRequest("request body is not valid JSON") from None
     try:
         return SourceUpload.model_validate(data)

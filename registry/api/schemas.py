@@ -6,7 +6,9 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel as Schema
-from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import ConfigDict, Field, StrictBool
+
+from kit.inputs import INT32_MAX, Int32, SafeStr, SafeText
 
 QualityGate = Literal["pending", "passed", "failed", "skipped"]
 UploadQualityGate = Literal["pending", "skipped"]
@@ -30,19 +32,19 @@ class _Out(Schema):
 
 
 class BaseModelCreate(_In):
-    name: StrictStr
-    hf_id: StrictStr = Field(min_length=1)
-    max_lora_rank: StrictInt = Field(ge=1)
-    target_modules: list[StrictStr] = Field(min_length=1)
-    module_shapes: dict[str, list[StrictInt]] | None = None
-    revision: StrictStr | None = None
-    approvals_required: StrictInt = Field(
+    name: SafeStr
+    hf_id: SafeStr = Field(min_length=1, max_length=255)
+    max_lora_rank: Int32 = Field(ge=1, le=INT32_MAX)
+    target_modules: list[SafeStr] = Field(min_length=1)
+    module_shapes: dict[SafeStr, list[Int32]] | None = None
+    revision: SafeStr | None = Field(default=None, max_length=255)
+    approvals_required: Int32 = Field(
         default=0, ge=0, le=100, description="Approvals a promotion of its adapters needs (SPEC §14)."
     )
 
 
 class BaseModelPatch(_In):
-    approvals_required: StrictInt = Field(
+    approvals_required: Int32 = Field(
         ge=0, le=100, description="Approvals a promotion of its adapters needs (SPEC §14)."
     )
 
@@ -57,10 +59,10 @@ ON_LOAD_FAILURE_DOC = (
 
 
 class AdapterCreate(_In):
-    id: StrictStr
-    base_model: StrictStr
-    owner: StrictStr | None = Field(default=None, max_length=255)
-    description: StrictStr | None = None
+    id: SafeStr
+    base_model: SafeStr
+    owner: SafeStr | None = Field(default=None, max_length=255)
+    description: SafeText | None = None
     hot: StrictBool = Field(
         default=False, description="Marked hot: the router keeps the active version prewarmed."
     )
@@ -77,12 +79,12 @@ CANARY_POLICY_DOC = (
 class AdapterPatch(_In):
     """Any of these; fields left out stay as they are. ``owner``/``description`` may be null."""
 
-    description: StrictStr | None = None
-    owner: StrictStr | None = Field(default=None, max_length=255)
+    description: SafeText | None = None
+    owner: SafeStr | None = Field(default=None, max_length=255)
     hot: StrictBool | None = Field(
         default=None, description="Marked hot: the router keeps the active version prewarmed."
     )
-    approvals_required: StrictInt | None = Field(
+    approvals_required: Int32 | None = Field(
         default=None,
         ge=0,
         le=100,
@@ -98,7 +100,7 @@ class AdapterPatch(_In):
 
 
 class PromoteBody(_In):
-    canary_weight: StrictInt | None = Field(
+    canary_weight: Int32 | None = Field(
         default=None, ge=1, le=99, description="Make the version the canary with this share (1-99 %)."
     )
     force: StrictBool = Field(
@@ -126,46 +128,47 @@ class QualityGateBody(_In):
     )
 
 
-LIMIT_MAX = 2**31 - 1  # the INTEGER column
+LIMIT_MAX = INT32_MAX  # the INTEGER column
 
 
 class LimitsIn(_In):
     """Any of these; null = unlimited."""
 
-    rpm: StrictInt | None = Field(default=None, ge=0, le=LIMIT_MAX, description="Requests per minute.")
-    tpm: StrictInt | None = Field(
+    rpm: Int32 | None = Field(default=None, ge=0, le=LIMIT_MAX, description="Requests per minute.")
+    tpm: Int32 | None = Field(
         default=None, ge=0, le=LIMIT_MAX, description="Tokens (prompt + completion) per minute."
     )
-    max_concurrency: StrictInt | None = Field(
+    max_concurrency: Int32 | None = Field(
         default=None, ge=0, le=LIMIT_MAX, description="Requests in flight at once."
     )
 
 
 class TenantCreate(_In):
-    id: StrictStr
-    name: StrictStr | None = None
+    id: SafeStr
+    name: SafeStr | None = Field(default=None, max_length=255)
     limits: LimitsIn | None = None
     base_model_access: StrictBool = False
 
 
 class TenantPatch(_In):
-    name: StrictStr | None = Field(default=None, min_length=1)
+    name: SafeStr | None = Field(default=None, min_length=1, max_length=255)
     limits: LimitsIn | None = None
     base_model_access: StrictBool | None = None
 
 
 class GrantPut(_In):
-    rpm: StrictInt | None = Field(default=None, ge=0)
-    tpm: StrictInt | None = Field(default=None, ge=0)
+    rpm: Int32 | None = Field(default=None, ge=0, le=LIMIT_MAX, description="Requests per minute.")
+    tpm: Int32 | None = Field(default=None, ge=0, le=LIMIT_MAX, description="Tokens per minute.")
 
 
 class PrewarmBody(_In):
-    replicas: StrictInt = Field(default=1, ge=1, le=1024)
+    replicas: Int32 = Field(default=1, ge=1, le=1024)
 
 
 class SourceUpload(_In):
-    source_uri: StrictStr = Field(
+    source_uri: SafeStr = Field(
         min_length=1,
+        max_length=1024,
         description="An allowed s3://bucket/prefix/ (or file:// directory), or a Hugging Face model "
         "repository hf://ORG/REPO@REVISION[/SUBDIR] (revision: branch, tag or commit sha; default main), "
         "inside LORAPLANE_ALLOWED_SOURCES.",

@@ -7,7 +7,9 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel as Schema
-from pydantic import ConfigDict, Field, StrictBool, StrictStr
+from pydantic import ConfigDict, Field, StrictBool
+
+from kit.inputs import SafeStr, SafeText
 
 Role = Literal["viewer", "maintainer", "approver", "operator", "admin"]
 
@@ -21,16 +23,16 @@ class _Out(Schema):
 
 
 class PrincipalCreate(_In):
-    id: StrictStr
+    id: SafeStr
     role: Role
-    owners: list[StrictStr] = Field(
+    owners: list[SafeStr] = Field(
         default_factory=list, description="Adapter owners a maintainer or approver may act on."
     )
 
 
 class PrincipalPatch(_In):
     role: Role | None = None
-    owners: list[StrictStr] | None = None
+    owners: list[SafeStr] | None = None
 
 
 class TokenOut(_Out):
@@ -65,7 +67,7 @@ class PrincipalPage(Schema):
 
 
 class DecisionBody(_In):
-    comment: StrictStr | None = Field(default=None, max_length=4000)
+    comment: SafeText | None = Field(default=None, max_length=4000)
 
 
 class ApprovalOut(_Out):
@@ -100,7 +102,7 @@ class BulkBody(_In):
         '{"promoted_since": "ISO 8601"}.'
     )
     dry_run: StrictBool = False
-    reason: StrictStr | None = Field(default=None, max_length=1000)
+    reason: SafeText | None = Field(default=None, max_length=1000)
 
 
 class BulkErrorOut(_Out):
