@@ -141,7 +141,9 @@ def start_platform(
                 admin.create_base_model(
                     name=BASE,
                     hf_id=f"loraplane/{BASE}",
-                    max_lora_rank=ve.MAX_LORA_RANK,
+                    # above the replicas' --max-lora-rank: a rank-32 version passes the registry
+                    # and is refused by vLLM itself (the load-failure fallback test)
+                    max_lora_rank=2 * ve.MAX_LORA_RANK,
                     target_modules=ALL_MODULES,
                     module_shapes=module_shapes,
                 )

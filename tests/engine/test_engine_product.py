@@ -330,6 +330,40 @@ def test_tampered_object_is_never_loaded(
     assert not audit(platform, "adapter.loaded", aid)
 
 
+def test_version_vllm_refuses_falls_back_to_previous_version(
+    platform: Platform, client: openai.OpenAI, engine_env: EngineEnv, tmp_path: Path
+) -> None:
+    aid = f"fb-{uuid.uuid4().hex[:6]}"
+    with platform.admin() as admin:
+        admin.create_adapter(aid, base_model=BASE, owner="engine-tests")
+        admin.request("PATCH", f"/adapters/{aid}", json_body={"on_load_failure": "previous_version"})
+        for seed, rank in ((81, 8), (82, 32)):  # v2: rank 32 > the replicas' --max-lora-rank 16
+            d = make_engine_adapter(tmp_path / f"{aid}-{seed}", engine_env, seed=seed, rank=rank)
+            _set_base(d, BASE)
+            admin.upload_version(aid, d)
+        admin.put_grant(TENANT, aid)
+        admin.promote(aid, "v1")
+    v1_text = served(client, f"{BASE}:{aid}", "v1")
+    with platform.admin() as admin:
+        admin.promote(aid, "v2")
+    deadline = time.monotonic() + 60
+    headers: dict[str, str] = {}
+    while time.monotonic() < deadline and headers.get("x-loraplane-fallback") is None:
+        raw = client.completions.with_raw_response.create(
+            model=f"{BASE}:{aid}", prompt=PROMPT, max_tokens=N_TOKENS, temperature=0,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        headers = dict(raw.headers)
+        text = raw.parse().choices[0].text
+    assert headers.get("x-loraplane-fallback") == "previous_version", headers
+    assert headers["x-loraplane-adapter-version"] == "v1" and text == v1_text
+    failed = audit(platform, "adapter.load_failed", aid)
+    assert failed and {e["details"]["reason"] for e in failed} == {"rejected"}
+    with pytest.raises(openai.APIStatusError) as ei:  # pinned: never a fallback
+        ask(client, f"{BASE}:{aid}@v2")
+    assert ei.value.status_code == 503
+
+
 def test_singleflight_one_load_per_replica(platform: Platform, engine_env: EngineEnv, tmp_path: Path) -> None:
     aid, (v1,) = new_adapter(platform, engine_env, tmp_path, "sf", [71])
     with platform.admin() as admin:
