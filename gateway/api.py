@@ -82,6 +82,8 @@ class _Ctx:
     completion_tokens: int | None = None
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     canary: bool = False  # the adapter had a canary: the outcome feeds canary analysis (SPEC §16)
+    other_version: bool = False  # a load-failure fallback answered (SPEC §15)
+    answer: bytes | None = None  # the non-streamed body, kept only while ``canary`` (format checks)
 
 
 class GatewayApp:
@@ -207,6 +209,7 @@ class GatewayApp:
                 await asyncio.shield(self._settle(lease, 0))
             raise
         ctx.replica, ctx.cold_load, ctx.queue_s = result.replica, result.cold_load, result.queue_s
+        ctx.other_version = result.fallback is not None
         out_headers = [(b"x-request-id", ctx.request_id), *ctx.headers]
         if result.fallback is not None and result.served_version is not None:  # SPEC §15
             out_headers.append((b"x-loraplane-fallback", result.fallback.encode()))
@@ -219,6 +222,8 @@ class GatewayApp:
             return await self._stream(receive, send, ctx, result, lease, out_headers)
         body = result.body or b""
         ctx.status = result.status
+        if ctx.canary:
+            ctx.answer = body
         self._usage(ctx, result)
         await self._settle(lease, self._total(ctx))
         try:
@@ -444,7 +449,14 @@ class GatewayApp:
                 s.completion_tokens.inc(ctx.completion_tokens or 0)
         if ctx.canary:  # batched, never a round trip here (gateway.canary)
             first_byte = ctx.ttft_s if ctx.ttft_s is not None else latency
-            self.gw.canary.record(ctx.adapter, ctx.version, ctx.status, first_byte)
+            self.gw.canary.record(
+                ctx.adapter,
+                ctx.version,
+                ctx.status,
+                first_byte,
+                other_version=ctx.other_version,
+                answer=ctx.answer,
+            )
         if log.isEnabledFor(logging.INFO):
             log_record(
                 log,

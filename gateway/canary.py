@@ -4,8 +4,15 @@ Only requests for an adapter that has a canary when they are resolved are counte
 version that served them (the canary and the active arm alike). An answer counts as an *error*
 when it is a 5xx (replica errors, wrong-adapter answers — the router turns those into 502 — and
 timeouts, streams that ended in an error event included); 4xx answers (the client's fault, rate
-limits) and client disconnects (499) are not counted at all. TTFT is the first streamed chunk
-for streams and the whole answer otherwise (the first byte the client gets).
+limits) and client disconnects (499) are not counted at all. An answer that another version
+served (the adapter's load-failure fallback, SPEC §15) is an error of the version asked for.
+TTFT is the first streamed chunk for streams and the whole answer otherwise (the first byte the
+client gets).
+
+Sampled answers: the text of up to :data:`SAMPLES_PER_FLUSH` successful non-streamed answers per
+version and flush interval is kept (16 KiB each at most) for the analyser, which runs the
+adapter's regression-set format checks on them (``registry.canary.checks``); only sampled answers
+are parsed.
 
 - :class:`MemoryCanaryCounters` (embedded default, ``loraplane up``): counts in this process; the
   in-process analyser reads them directly.
@@ -20,12 +27,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from typing import Any, Protocol
 
-from registry.canary.counters import KEY_TTL_S, ArmCounts, counter_key
+import orjson
+
+from registry.canary.counters import ANSWERS_KEPT, KEY_TTL_S, ArmCounts, answers_key, counter_key
 from registry.canary.sketch import bucket_of
 
 log = logging.getLogger("loraplane.gateway.canary")
+
+SAMPLES_PER_FLUSH = 20  # answers kept per version and flush interval (bounds the parsing cost)
+_MAX_ANSWER_CHARS = 16384
+
+
+def answer_text(body: bytes) -> str | None:
+    """The first choice's text of an OpenAI chat or text completion body (None if none)."""
+    try:
+        data = orjson.loads(body)
+        choice = data["choices"][0]
+        text = choice["message"]["content"] if "message" in choice else choice["text"]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return None
+    return text[:_MAX_ANSWER_CHARS] if isinstance(text, str) else None
 
 
 def outcome(status: int) -> bool | None:
@@ -38,19 +62,25 @@ def outcome(status: int) -> bool | None:
 
 
 class CanaryRecorder(Protocol):
-    def record(self, adapter_id: str, version: str, status: int, ttft_s: float | None) -> None:
-        """Count one answer (never blocks, never raises)."""
+    def record(
+        self, adapter_id: str, version: str, status: int, ttft_s: float | None,
+        *, other_version: bool = False, answer: bytes | None = None,
+    ) -> None:  # fmt: skip
+        """Count one answer (never blocks, never raises); ``other_version``: a fallback served it;
+        ``answer``: the non-streamed body of a successful answer (sampled for format checks)."""
         ...
 
     async def close(self) -> None: ...
 
 
 def _add(
-    into: dict[tuple[str, str], ArmCounts], key: tuple[str, str], status: int, ttft_s: float | None
-) -> None:
+    into: dict[tuple[str, str], ArmCounts], key: tuple[str, str], status: int, ttft_s: float | None,
+    other_version: bool = False,
+) -> None:  # fmt: skip
     err = outcome(status)
     if err is None:
         return
+    err = err or other_version
     counts = into.get(key)
     if counts is None:
         counts = into[key] = ArmCounts()
@@ -66,13 +96,29 @@ class MemoryCanaryCounters:
 
     def __init__(self) -> None:
         self._counts: dict[tuple[str, str], ArmCounts] = {}
+        self._answers: dict[tuple[str, str], deque[str]] = {}
 
-    def record(self, adapter_id: str, version: str, status: int, ttft_s: float | None) -> None:
-        _add(self._counts, (adapter_id, version), status, ttft_s)
+    def record(
+        self, adapter_id: str, version: str, status: int, ttft_s: float | None,
+        *, other_version: bool = False, answer: bytes | None = None,
+    ) -> None:  # fmt: skip
+        key = (adapter_id, version)
+        _add(self._counts, key, status, ttft_s, other_version)
+        if answer is not None and not other_version and status < 400:
+            text = answer_text(answer)
+            if text is not None:
+                self._answers.setdefault(key, deque(maxlen=ANSWERS_KEPT)).append(text)
 
     async def read(self, adapter_id: str, version: str) -> ArmCounts:
         counts = self._counts.get((adapter_id, version))
         return counts.copy() if counts is not None else ArmCounts()
+
+    async def take_answers(self, adapter_id: str, version: str, limit: int) -> list[str]:
+        kept = self._answers.get((adapter_id, version))
+        out: list[str] = []
+        while kept and len(out) < limit:
+            out.append(kept.popleft())
+        return out
 
     async def close(self) -> None:
         return None
@@ -86,11 +132,22 @@ class RedisCanaryRecorder:
         self.prefix = prefix
         self.flush_interval_s = flush_interval_s
         self._batch: dict[tuple[str, str], ArmCounts] = {}
+        self._answers: dict[tuple[str, str], list[str]] = {}
         self._task: asyncio.Task[None] | None = None
         self._failing = False
 
-    def record(self, adapter_id: str, version: str, status: int, ttft_s: float | None) -> None:
-        _add(self._batch, (adapter_id, version), status, ttft_s)
+    def record(
+        self, adapter_id: str, version: str, status: int, ttft_s: float | None,
+        *, other_version: bool = False, answer: bytes | None = None,
+    ) -> None:  # fmt: skip
+        key = (adapter_id, version)
+        _add(self._batch, key, status, ttft_s, other_version)
+        if answer is not None and not other_version and status < 400:
+            kept = self._answers.setdefault(key, [])
+            if len(kept) < SAMPLES_PER_FLUSH:
+                text = answer_text(answer)
+                if text is not None:
+                    kept.append(text)
         if self._task is None:
             with contextlib.suppress(RuntimeError):  # no running loop: the next record starts it
                 self._task = asyncio.get_running_loop().create_task(self._loop(), name="canary-flush")
@@ -102,6 +159,7 @@ class RedisCanaryRecorder:
 
     async def flush(self) -> None:
         batch, self._batch = self._batch, {}
+        answers, self._answers = self._answers, {}
         if not batch:
             return
         try:
@@ -111,6 +169,12 @@ class RedisCanaryRecorder:
                 for name, value in counts.to_fields().items():
                     pipe.hincrby(key, name, value)
                 pipe.expire(key, KEY_TTL_S)
+            for (adapter_id, version), texts in answers.items():
+                if texts:
+                    key = answers_key(self.prefix, adapter_id, version)
+                    pipe.rpush(key, *texts)
+                    pipe.ltrim(key, -ANSWERS_KEPT, -1)
+                    pipe.expire(key, KEY_TTL_S)
             await pipe.execute()
             if self._failing:
                 log.info("canary counters: Redis reachable again")

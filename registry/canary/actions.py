@@ -1,8 +1,8 @@
 """What the analyser changes in the registry, through the registry's own state machine (one
 transaction each, audit event included; SPEC §4, §14, §16). Actor: ``canary-analyzer``.
 
-- :func:`watched_canaries`: canaries to analyse, with their policy and when they began (the
-  latest ``version.canary`` event of that version).
+- :func:`watched_canaries`: canaries to analyse, with their policy, when they began (the
+  latest ``version.canary`` event of that version) and their regression set's format checks.
 - :func:`abort_canary`: the registry's clear-canary path (the canary version back to ``ready``),
   audit ``version.canary_aborted`` with the evidence. A no-op when the canary changed meanwhile.
 - :func:`auto_promote`: ``promote`` where no approval is needed, else a promotion request.
@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from kit.ids import version_name
 from registry.canary import repository as repo
+from registry.canary.checks import FormatGroups, format_groups
 from registry.canary.policy import CanaryPolicy
 from registry.models import utcnow
 from registry.services import lifecycle, promotions
@@ -34,6 +35,7 @@ class WatchedCanary:
     canary_weight: int
     policy: CanaryPolicy
     since: datetime  # when this version became the canary (at this weight)
+    format_checks: FormatGroups = ()  # the regression set's format checks (registry.canary.checks)
 
 
 def watched_canaries(session: Session) -> list[WatchedCanary]:
@@ -53,6 +55,7 @@ def watched_canaries(session: Session) -> list[WatchedCanary]:
                 canary_weight=int(row.canary_weight or 0),
                 policy=CanaryPolicy.of(row.canary_policy or {}),
                 since=since or utcnow(),
+                format_checks=format_groups(session, row.id),
             )
         )
     return out

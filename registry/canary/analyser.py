@@ -8,6 +8,9 @@ reaches ``min_requests × 2^j`` (:func:`registry.canary.decide.due_look`). After
 fresh window begins (new baseline, α budget renewed), so an old canary is judged on recent
 traffic.
 
+- Format checks: where the adapter's regression set has ``json_schema``/``regex`` checks, each
+  tick takes up to :data:`ANSWERS_PER_TICK` sampled answers of each arm and counts those that
+  fail (:mod:`registry.canary.checks`, in a worker thread); the counts belong to the window.
 - Breach at a look → the canary is cleared at once (:func:`registry.canary.actions.abort_canary`,
   audit ``version.canary_aborted`` with the counts, rates and p-values).
 - ``auto_promote_after_s`` after the canary began, once at least one look has passed without a
@@ -26,7 +29,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,14 +38,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from kit.db import session_scope
 from kit.errors import LoraplaneError
 from registry.canary import actions
+from registry.canary.checks import count_failures
 from registry.canary.counters import ArmCounts, CounterSource
-from registry.canary.decide import due_look, judge
+from registry.canary.decide import CheckCounts, due_look, judge
 from registry.canary.lease import Lease
 from registry.canary.metrics import CanaryMetrics, default_metrics
 
 log = logging.getLogger("loraplane.canary")
 
 _RETRY_REFUSED_S = 60.0
+ANSWERS_PER_TICK = 200  # sampled answers checked per arm and tick
 
 WatchKey = tuple[str, str, str, datetime]
 
@@ -54,6 +59,7 @@ class _Watch:
     base_canary: ArmCounts
     base_active: ArmCounts
     next_look: int = 0
+    checks: CheckCounts = field(default_factory=CheckCounts)
     judged: bool = False  # a look passed without breach
     requested: bool = False  # a promotion request was filed
     retry_at: float = 0.0  # after a refused auto-promotion
@@ -153,13 +159,15 @@ class CanaryAnalyser:
             )  # fmt: skip
             self._watches[key] = watch
         dc, da = c.minus(watch.base_canary), a.minus(watch.base_active)
+        if w.format_checks:
+            await self._check_answers(w, watch.checks)
         m = self.metrics
         for arm, counts in (("canary", dc), ("active", da)):
             m.requests.labels(w.adapter_id, w.canary_version, arm).set(counts.requests)
             m.error_rate.labels(w.adapter_id, w.canary_version, arm).set(counts.error_rate or 0.0)
         look = due_look(min(dc.requests, da.requests), policy.min_requests, watch.next_look)
         if look is not None:
-            verdict = judge(policy, dc, da, look=look)
+            verdict = judge(policy, dc, da, look=look, checks=watch.checks if w.format_checks else None)
             watch.next_look = look + 1
             for test, res in verdict.evidence["tests"].items():
                 m.p_value.labels(w.adapter_id, w.canary_version, test).set(res["p_value"])
@@ -190,6 +198,18 @@ class CanaryAnalyser:
             and now - w.since.timestamp() >= after
         ):
             await self._promote(key, watch, now)
+
+    async def _check_answers(self, w: actions.WatchedCanary, into: CheckCounts) -> None:
+        texts_c = await self.counters.take_answers(w.adapter_id, w.canary_version, ANSWERS_PER_TICK)
+        texts_a = await self.counters.take_answers(w.adapter_id, w.active_version, ANSWERS_PER_TICK)
+        if not texts_c and not texts_a:
+            return
+        failed_c = await asyncio.to_thread(count_failures, w.format_checks, texts_c)
+        failed_a = await asyncio.to_thread(count_failures, w.format_checks, texts_a)
+        into.canary_checked += len(texts_c)
+        into.canary_failed += failed_c
+        into.active_checked += len(texts_a)
+        into.active_failed += failed_a
 
     async def _promote(self, key: WatchKey, watch: _Watch, now: float) -> None:
         w = watch.canary

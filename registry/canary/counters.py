@@ -9,9 +9,12 @@ adapter had a canary::
     {prefix}canary:{adapter_id}:{version}   n → answers counted, err → errors among them,
                                             t{bucket} → answers per TTFT bucket (sketch)
 
-Every gateway adds its batch with ``HINCRBY`` in one pipeline (never a round trip per request)
-and refreshes the key's expiry (:data:`KEY_TTL_S`); the analyser reads both arms with one
-``HGETALL`` each per tick.
+    {prefix}canary:{adapter_id}:{version}:answers   list of sampled answer texts (the newest
+                                                    :data:`ANSWERS_KEPT`), taken by the analyser
+
+Every gateway adds its batch with ``HINCRBY`` / ``RPUSH`` in one ``MULTI``/``EXEC`` pipeline
+(never a round trip per request) and refreshes the keys' expiry (:data:`KEY_TTL_S`); the analyser
+reads both arms with one ``HGETALL`` each per tick, and takes the sampled answers.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 KEY_TTL_S = 7 * 86400  # a version nobody has sent traffic to for a week loses its counters
+ANSWERS_KEPT = 1000  # sampled answers waiting for the analyser, per version (the newest)
 
 
 @dataclass(slots=True)
@@ -87,9 +91,17 @@ class CounterSource(Protocol):
 
     async def read(self, adapter_id: str, version: str) -> ArmCounts: ...
 
+    async def take_answers(self, adapter_id: str, version: str, limit: int) -> list[str]:
+        """Up to ``limit`` sampled answer texts of the version, oldest first, removed."""
+        ...
+
 
 def counter_key(prefix: str, adapter_id: str, version: str) -> str:
     return f"{prefix}canary:{adapter_id}:{version}"
+
+
+def answers_key(prefix: str, adapter_id: str, version: str) -> str:
+    return f"{prefix}canary:{adapter_id}:{version}:answers"
 
 
 class RedisCounterSource:
@@ -101,3 +113,11 @@ class RedisCounterSource:
 
     async def read(self, adapter_id: str, version: str) -> ArmCounts:
         return ArmCounts.of_fields(await self.redis.hgetall(counter_key(self.prefix, adapter_id, version)))
+
+    async def take_answers(self, adapter_id: str, version: str, limit: int) -> list[str]:
+        key = answers_key(self.prefix, adapter_id, version)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.lrange(key, 0, limit - 1)
+        pipe.ltrim(key, limit, -1)
+        got, _ = await pipe.execute()
+        return [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t) for t in got]

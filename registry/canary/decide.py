@@ -10,7 +10,9 @@ alarm on most healthy canaries of a long run). A fresh window starts a fresh bud
 
 Tests (``registry.canary.stats``): error rate (breach when significantly above the active's plus
 ``max_error_rate_delta``), TTFT (breach when the canary is significantly slower by Mann-Whitney
-*and* its p99 exceeds ``max_ttft_p99_ratio`` × the active's p99).
+*and* its p99 exceeds ``max_ttft_p99_ratio`` × the active's p99), and — for adapters whose
+regression set has format checks, once each arm has :data:`MIN_CHECKED` sampled answers checked —
+the format-check failure rate (same test as errors, margin ``max_check_failure_rate_delta``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,18 @@ from registry.canary.counters import ArmCounts
 from registry.canary.policy import ALPHA, CanaryPolicy
 from registry.canary.sketch import quantile
 from registry.canary.stats import error_rate_p_value, mann_whitney_greater
+
+MIN_CHECKED = 30  # sampled answers each arm needs before the format-check test runs
+
+
+@dataclass(slots=True)
+class CheckCounts:
+    """Sampled answers checked against the regression set's format checks, per arm."""
+
+    canary_checked: int = 0
+    canary_failed: int = 0
+    active_checked: int = 0
+    active_failed: int = 0
 
 
 def due_look(smaller_arm: int, min_requests: int, next_look: int) -> int | None:
@@ -62,11 +76,21 @@ def arm_summary(arm: ArmCounts) -> dict[str, Any]:
     }
 
 
-def judge(policy: CanaryPolicy, canary: ArmCounts, active: ArmCounts, *, look: int) -> Judgement:
+def judge(
+    policy: CanaryPolicy,
+    canary: ArmCounts,
+    active: ArmCounts,
+    *,
+    look: int,
+    checks: CheckCounts | None = None,
+) -> Judgement:
     """One look's tests at ``alpha_of_look(look)`` (split between the tests run)."""
     tests: dict[str, dict[str, Any]] = {}
     timed = bool(canary.ttft) and bool(active.ttft)
-    alpha = alpha_of_look(look) / (2 if timed else 1)
+    checked = (
+        checks is not None and checks.canary_checked >= MIN_CHECKED and checks.active_checked >= MIN_CHECKED
+    )
+    alpha = alpha_of_look(look) / (1 + int(timed) + int(checked))
     reasons: list[str] = []
 
     p_err = error_rate_p_value(
@@ -96,6 +120,33 @@ def judge(policy: CanaryPolicy, canary: ArmCounts, active: ArmCounts, *, look: i
         }
         if ttft_breach:
             reasons.append("ttft")
+
+    if checks is not None and checked:
+        p_chk = error_rate_p_value(
+            checks.canary_checked, checks.canary_failed, checks.active_checked, checks.active_failed,
+            policy.max_check_failure_rate_delta,
+        )  # fmt: skip
+        fc = checks.canary_failed / checks.canary_checked
+        fa = checks.active_failed / checks.active_checked
+        chk_breach = p_chk < alpha
+        tests["format_checks"] = {
+            "p_value": _p(p_chk),
+            "canary": {
+                "checked": checks.canary_checked,
+                "failed": checks.canary_failed,
+                "failure_rate": round(fc, 6),
+            },
+            "active": {
+                "checked": checks.active_checked,
+                "failed": checks.active_failed,
+                "failure_rate": round(fa, 6),
+            },
+            "delta": round(fc - fa, 6),
+            "max_delta": policy.max_check_failure_rate_delta,
+            "breach": chk_breach,
+        }
+        if chk_breach:
+            reasons.append("format_checks")
 
     evidence = {
         "look": look,

@@ -6,6 +6,7 @@ for approval where approvals are required, once; a canary never judged is never 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -124,3 +125,37 @@ def test_where_approvals_are_required_one_request_is_filed(client: TestClient, f
     assert len(pending) == 1
     assert pending[0]["requested_by"] == "canary-analyzer" and pending[0]["version"] == "v2"
     assert statuses(client, "support")["canary"] == "v2"  # nothing served changes before approval
+
+
+def _answer(text: str) -> bytes:
+    return json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}).encode()
+
+
+def test_sampled_answers_failing_the_format_checks_abort_the_canary(client: TestClient, factory: Any) -> None:
+    analyser, counters, _ = _setup(client, factory, {"min_requests": 100})
+    case = {"id": "c1", "prompt": "order?", "checks": [{"type": "json_schema", "schema": {"type": "object"}}]}
+    r = client.put(f"{V1}/adapters/support/regression-set", json=[case])
+    assert r.status_code in (200, 201), r.text
+    asyncio.run(analyser.run_once())
+    for i in range(200):  # the canary answers broken JSON one time in four; no 5xx anywhere
+        bad = i % 4 == 0
+        counters.record("support", "v2", 200, 0.05, answer=_answer('{"id": ' if bad else '{"id": 1}'))
+    for _ in range(800):
+        counters.record("support", "v1", 200, 0.05, answer=_answer('{"id": 1}'))
+    asyncio.run(analyser.run_once())
+    [ev] = _events(client, "version.canary_aborted")
+    d = ev["details"]
+    assert d["reasons"] == ["format_checks"]
+    fc = d["tests"]["format_checks"]
+    assert fc["canary"] == {"checked": 200, "failed": 50, "failure_rate": 0.25}
+    assert fc["active"]["checked"] == 200 and fc["active"]["failed"] == 0  # 200 taken per tick
+    assert d["tests"]["error_rate"]["breach"] is False
+
+
+def test_a_fallback_answer_is_an_error_of_the_version_asked_for() -> None:
+    counters = MemoryCanaryCounters()
+    counters.record("support", "v2", 200, 0.05, other_version=True, answer=_answer("{}"))
+    counters.record("support", "v2", 200, 0.05, answer=b"not json")
+    got = asyncio.run(counters.read("support", "v2"))
+    assert (got.requests, got.errors) == (2, 1)
+    assert asyncio.run(counters.take_answers("support", "v2", 10)) == []  # neither is a sample

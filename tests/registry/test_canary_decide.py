@@ -12,7 +12,7 @@ import pytest
 
 from kit.errors import InvalidRequest
 from registry.canary.counters import ArmCounts
-from registry.canary.decide import alpha_of_look, due_look, judge
+from registry.canary.decide import MIN_CHECKED, CheckCounts, alpha_of_look, due_look, judge
 from registry.canary.policy import ALPHA, CanaryPolicy, check_canary_policy
 from registry.canary.sketch import bucket_of, quantile, upper_edge
 from registry.canary.stats import error_rate_p_value, mann_whitney_greater
@@ -151,3 +151,16 @@ def test_the_evidence_names_counts_rates_and_p_values() -> None:
     assert ev["canary"]["error_rate"] == round(canary.errors / 400, 6)
     assert ev["tests"]["error_rate"]["p_value"] < ev["alpha"] == alpha_of_look(1) / 2
     assert ev["tests"]["ttft"]["breach"] is False and "p_value" in ev["tests"]["ttft"]
+
+
+def test_format_checks_join_the_look_once_each_arm_has_enough_checked_answers() -> None:
+    rng = random.Random(5)
+    canary, active = _traffic(rng, 400, 0.01, 0.05), _traffic(rng, 3600, 0.01, 0.05)
+    few = CheckCounts(canary_checked=MIN_CHECKED - 1, canary_failed=20, active_checked=500, active_failed=0)
+    v = judge(POLICY, canary, active, look=0, checks=few)
+    assert not v.breach and "format_checks" not in v.evidence["tests"]
+    enough = CheckCounts(canary_checked=100, canary_failed=20, active_checked=500, active_failed=5)
+    v = judge(POLICY, canary, active, look=0, checks=enough)
+    assert v.reasons == ["format_checks"]
+    assert v.evidence["alpha"] == pytest.approx(alpha_of_look(0) / 3, rel=1e-5)  # three tests share α
+    assert v.evidence["tests"]["format_checks"]["canary"]["failure_rate"] == 0.2

@@ -5,10 +5,11 @@ time holds the analyser lease; a holder that stops renewing loses it to another.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import redis.asyncio as aioredis
 
-from gateway.canary import RedisCanaryRecorder
+from gateway.canary import SAMPLES_PER_FLUSH, RedisCanaryRecorder
 from registry.canary.counters import RedisCounterSource, counter_key
 from registry.canary.lease import RedisLease
 from registry.canary.sketch import bucket_of
@@ -76,6 +77,32 @@ def test_one_lease_holder_at_a_time(redis_url: str, redis_prefix: str) -> None:
             await b.release()
             assert await a.hold() is True
             await a.release()
+        finally:
+            await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_sampled_answers_reach_the_analyser_bounded_per_flush(redis_url: str, redis_prefix: str) -> None:
+    def body(i: int) -> bytes:
+        return json.dumps({"choices": [{"index": 0, "text": f"answer {i}"}]}).encode()
+
+    async def main() -> None:
+        r = aioredis.from_url(redis_url)
+        try:
+            gw = RedisCanaryRecorder(r, redis_prefix, flush_interval_s=3600)
+            for i in range(100):
+                gw.record("support", "v2", 200, 0.05, answer=body(i))
+            gw.record("support", "v2", 502, None, answer=body(999))  # an error is no sample
+            await gw.flush()
+            gw.record("support", "v2", 200, 0.05, answer=body(100))
+            await gw.close()
+            source = RedisCounterSource(r, redis_prefix)
+            first = await source.take_answers("support", "v2", 15)
+            rest = await source.take_answers("support", "v2", 100)
+            assert first == [f"answer {i}" for i in range(15)]
+            assert rest == [f"answer {i}" for i in range(15, SAMPLES_PER_FLUSH)] + ["answer 100"]
+            assert await source.take_answers("support", "v2", 100) == []
         finally:
             await r.aclose()
 
