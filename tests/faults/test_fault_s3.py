@@ -76,16 +76,20 @@ def stop_s3(server: S3Server) -> None:
 
 
 def restart_s3(server: S3Server, bucket: str) -> None:
-    """Start the same SeaweedFS again (same ports, same data directory) and wait until it serves."""
+    """Start the same SeaweedFS again (same ports, same data directory) and wait until it stores
+    and serves objects again (it answers listings a little before its volumes take reads)."""
     assert server.process is not None
     server.process.start()
+    client = server.client()
 
     def serves() -> bool:
-        server.client().list_objects_v2(Bucket=bucket, MaxKeys=1)
+        client.list_objects_v2(Bucket=bucket, MaxKeys=1)
+        client.put_object(Bucket="lp-ready-probe", Key="restart", Body=b"ok")
+        assert client.get_object(Bucket="lp-ready-probe", Key="restart")["Body"].read() == b"ok"
         return True
 
     server.process.wait_ready(http_ready(f"{server.endpoint_url}/healthz"), timeout=120)
-    server.process.wait_ready(ready_when("S3 lists the bucket", serves), timeout=120)
+    server.process.wait_ready(ready_when("S3 stores and serves objects", serves), timeout=120)
 
 
 def leftovers(server: S3Server, bucket: str) -> tuple[list[str], list[str]]:
@@ -361,7 +365,7 @@ async def test_s3_down_during_cold_load(own_s3: S3Server, one_sim: Sim, tmp_path
         assert cold.lora_name not in staged and not [n for n in staged if n.startswith(".tmp")], staged
 
         restart_s3(own_s3, bucket)
-        assert (await router.forward(chat(cold))).status == 200  # no restart needed
+        assert (await router.forward(chat(cold))).status == 200  # no restart of the router needed
         assert cold.lora_name in one_sim.loaded()
     finally:
         await router.stop()
