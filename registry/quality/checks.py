@@ -3,8 +3,9 @@
 - ``json_schema``: the output (surrounding whitespace stripped) must parse as JSON and validate
   against the schema (Draft 2020-12). A format check.
 - ``regex``: ``regex.search`` (the ``regex`` package, not ``re``) with a timeout of
-  :data:`REGEX_TIMEOUT_S`: a catastrophically backtracking pattern fails the check with reason
-  ``regex timed out`` instead of hanging the evaluator. A format check.
+  :data:`REGEX_TIMEOUT_S` seconds of CPU time (what the package counts): a catastrophically
+  backtracking pattern fails the check with reason ``regex timed out`` instead of hanging the
+  evaluator. A format check.
 - ``contains`` / ``not_contains``: case-sensitive substring.
 - ``max_chars``: ``len(output) <= n`` (Unicode characters).
 - ``refusal``: :func:`is_refusal` must equal ``expected`` (default false: the answer must not be a

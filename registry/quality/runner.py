@@ -150,7 +150,8 @@ async def run_arms(
         assert model is not None
         async with gate:
             ans = await ask(client, cfg, key, model, case)
-        ans.checks = run_checks(case.get("checks", []), ans.output)
+        # off the loop: a regex may take up to its timeout
+        ans.checks = await asyncio.to_thread(run_checks, case.get("checks", []), ans.output)
         out[arm][i] = ans
         done += 1
         await progress(done)
