@@ -90,4 +90,4 @@ def make_canary_recorder(settings: GatewaySettings) -> CanaryRecorder:
     from kit.redis_factory import make_redis
 
     redis = make_redis(settings.redis_url, max_connections=4, timeout=settings.redis_timeout_s)
-    return RedisCanaryRecorder(redis, settings.redis_prefix)
+    return RedisCanaryRecorder(redis, settings.redis_prefix, owns_redis=True)

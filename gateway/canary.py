@@ -127,8 +127,11 @@ class MemoryCanaryCounters:
 class RedisCanaryRecorder:
     """Batches counts and adds them to the cluster's Redis hashes."""
 
-    def __init__(self, redis: Any, prefix: str, *, flush_interval_s: float = 0.5) -> None:
+    def __init__(
+        self, redis: Any, prefix: str, *, flush_interval_s: float = 0.5, owns_redis: bool = False
+    ) -> None:
         self.redis = redis
+        self.owns_redis = owns_redis  # close the client with the recorder
         self.prefix = prefix
         self.flush_interval_s = flush_interval_s
         self._batch: dict[tuple[str, str], ArmCounts] = {}
@@ -197,3 +200,5 @@ class RedisCanaryRecorder:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.flush()
+        if self.owns_redis:
+            await self.redis.aclose()

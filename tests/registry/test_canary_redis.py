@@ -107,3 +107,21 @@ def test_sampled_answers_reach_the_analyser_bounded_per_flush(redis_url: str, re
             await r.aclose()
 
     asyncio.run(main())
+
+
+def test_a_gateway_with_redis_settings_records_to_redis(redis_url: str, redis_prefix: str) -> None:
+    from gateway.build import make_canary_recorder
+    from gateway.settings import GatewaySettings
+
+    async def main() -> None:
+        rec = make_canary_recorder(GatewaySettings(redis_url=redis_url, redis_prefix=redis_prefix))
+        assert isinstance(rec, RedisCanaryRecorder)
+        rec.record("support", "v1", 200, 0.01)
+        await rec.close()  # flushes, then closes its own client
+        r = aioredis.from_url(redis_url)
+        try:
+            assert (await RedisCounterSource(r, redis_prefix).read("support", "v1")).requests == 1
+        finally:
+            await r.aclose()
+
+    asyncio.run(main())
