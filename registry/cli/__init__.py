@@ -2,7 +2,8 @@
 
 - ``db_app``          → ``loraplane db upgrade|current``
 - ``adapters_app``    → ``loraplane adapters create|update|push|register|import|list|show|versions|
-  promote|gate|rollback|disable|enable|disable-version|prewarm|replicas|audit|limits``
+  promote|gate|rollback|disable|enable|disable-version|prewarm|replicas|audit|limits|
+  regression-set|quality-policy|eval|eval-show|evals``
 - ``tenants_app``     → ``loraplane tenants create|list|show|key|revoke|grant|ungrant|limits``
 - ``base_models_app`` → ``loraplane base-models add|list|show``
 - ``owners_app``      → ``loraplane owners limits|show``
@@ -22,6 +23,7 @@ from registry.cli.db import db_app
 from registry.cli.governance import login, principals_app, promotions_app, whoami  # also `adapters approvals`
 from registry.cli.hf_import import import_version  # noqa: F401  (registers `adapters import`)
 from registry.cli.limits import owners_app  # also registers `adapters limits`
+from registry.cli.quality import evaluate  # noqa: F401  (registers regression-set, quality-policy, eval…)
 from registry.cli.tenants import tenants_app
 
 __all__ = [
