@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.settings import GatewaySettings  # noqa: E402
 from kit.settings import LoraplaneSettings  # noqa: E402
+from registry.quality.settings import EvaluatorSettings  # noqa: E402
 from registry.settings import RegistrySettings  # noqa: E402
 from router.settings import PoolConfig, RouterSettings, StagingConfig  # noqa: E402
 
@@ -36,6 +37,11 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("Registry (admin API, artifacts)", RegistrySettings, "`registry/settings.py`."),
     ("Router (inside the gateway process)", RouterSettings, "`router/settings.py`."),
     ("Gateway (OpenAI-compatible API)", GatewaySettings, "`gateway/settings.py`."),
+    (
+        "Evaluator (in the admin API process)",
+        EvaluatorSettings,
+        "`registry/quality/settings.py` — evaluations (SPEC §16).",
+    ),
 ]
 
 HEADER = """# Settings reference

@@ -106,8 +106,19 @@ async def run_serve(role: Role) -> None:
             from router.directory import RedisReplicaDirectory
 
             directory = RedisReplicaDirectory(redis, reg_settings.redis_prefix)
+        from registry.quality.settings import EvaluatorSettings
+
+        evaluator = EvaluatorSettings()
+        if gateway is not None and not evaluator.eval_gateway_url:  # --role all: our own gateway
+            host = "127.0.0.1" if gsettings.gateway_host in ("0.0.0.0", "::", "") else gsettings.gateway_host
+            evaluator = EvaluatorSettings(eval_gateway_url=f"http://{host}:{gsettings.gateway_port}")
         admin_app = create_admin_app(
-            reg_settings, engine=engine, store=store, feed=feed, replica_directory=directory
+            reg_settings,
+            engine=engine,
+            store=store,
+            feed=feed,
+            replica_directory=directory,
+            evaluator_settings=evaluator,
         )
         from registry.console.wiring import local_traffic, redis_traffic
 

@@ -10,9 +10,8 @@ from kit.settings import LoraplaneSettings
 class EvaluatorSettings(LoraplaneSettings):
     eval_gateway_url: str | None = Field(
         default=None,
-        description="Gateway the evaluator sends cases through (its /v1 API). Unset: "
-        "http://LORAPLANE_GATEWAY_HOST:LORAPLANE_GATEWAY_PORT (127.0.0.1:8080), the gateway of "
-        "`loraplane serve --role all`; `loraplane up` points it at its own gateway.",
+        description="Gateway the evaluator sends cases through (its /v1 API). Unset: the process's own "
+        "gateway under `loraplane serve --role all` and `loraplane up`; `serve --role registry` needs it.",
     )
     eval_concurrency: int = Field(
         default=4,
@@ -37,11 +36,5 @@ class EvaluatorSettings(LoraplaneSettings):
         default=15.0, gt=0, description="How long a run waits for the gateway to accept its fresh tenant key."
     )
 
-    gateway_host: str = Field(default="127.0.0.1", description="The gateway's bind address (same setting).")
-    gateway_port: int = Field(default=8080, description="The gateway's port (same setting).")
-
-    def gateway_url(self) -> str:
-        if self.eval_gateway_url:
-            return self.eval_gateway_url.rstrip("/")
-        host = "127.0.0.1" if self.gateway_host in ("0.0.0.0", "::", "") else self.gateway_host
-        return f"http://{host}:{self.gateway_port}"
+    def gateway_url(self) -> str | None:
+        return self.eval_gateway_url.rstrip("/") if self.eval_gateway_url else None

@@ -56,8 +56,14 @@ class EvaluationWorker:
 
     def config(self) -> RunConfig:
         s = self.settings
+        url = s.gateway_url()
+        if url is None:
+            raise GatewayUnreachable(
+                "no gateway is configured for evaluations: set LORAPLANE_EVAL_GATEWAY_URL "
+                "(a registry-only process has no gateway of its own)"
+            )
         return RunConfig(
-            gateway_url=s.gateway_url(),
+            gateway_url=url,
             concurrency=s.eval_concurrency,
             seed=s.eval_seed,
             max_tokens=s.eval_max_tokens,
@@ -149,8 +155,9 @@ class EvaluationWorker:
         key_id: str | None = None
         try:
             plan = await self._tx(lambda s: service.plan_run(s, eval_id))
+            cfg = self.config()  # before any key is issued: no gateway configured fails here
             key_id, key = await self._tx(lambda s: service.issue_eval_key(s, plan.adapter_id))
-            result = await self._evaluate(eval_id, plan, key)
+            result = await self._evaluate(eval_id, plan, key, cfg)
             await self._tx(lambda s: service.finish(s, eval_id, result))
             log.info("evaluation %s finished: %s", eval_id, result["verdict"]["gate"])
         except asyncio.CancelledError:
@@ -177,7 +184,9 @@ class EvaluationWorker:
         except Exception as e:
             log.warning("evaluation %s could not be marked failed: %s", eval_id, e)
 
-    async def _evaluate(self, eval_id: str, plan: service.RunPlan, key: str) -> dict[str, Any]:
+    async def _evaluate(
+        self, eval_id: str, plan: service.RunPlan, key: str, cfg: RunConfig
+    ) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         last_at = [0.0]
         last_done = [0]
@@ -198,7 +207,6 @@ class EvaluationWorker:
                     last_at[0] = loop.time()
                     await self._tx(lambda s: service.report_progress(s, eval_id, last_done[0]))
 
-        cfg = self.config()
         beat = asyncio.create_task(heartbeat())
         try:
             timeout = httpx.Timeout(cfg.request_timeout_s, connect=min(10.0, cfg.request_timeout_s))

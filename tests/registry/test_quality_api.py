@@ -262,3 +262,20 @@ def test_shutdown_fails_its_own_runs(tmp_path: Path, db_url: str, engine: Engine
             assert ev["error"] == "interrupted: the registry process stopped during the run"
     finally:
         hang.close()
+
+
+def test_a_registry_without_a_gateway_says_what_to_set(
+    tmp_path: Path, db_url: str, engine: Engine, factory: Any
+) -> None:
+    with _app(tmp_path, db_url, engine, eval_gateway_url=None) as c:
+        seed_adapter(c, "shop")
+        (v1,) = add_versions(factory, "shop", 1)
+        c.put(f"{V1}/adapters/shop/regression-set", content=jsonl(json_cases(1)), headers=JSONL)
+        eid = c.post(f"{V1}/adapters/shop/versions/{v1}/evaluations").json()["id"]
+        ev = _wait_done(c, f"{V1}/adapters/shop/versions/{v1}/evaluations/{eid}")
+        assert ev["status"] == "failed"
+        assert ev["error"].startswith(
+            "no gateway is configured for evaluations: set LORAPLANE_EVAL_GATEWAY_URL"
+        )
+        keys = c.get(f"{V1}/audit", params={"action": "key.issued"}).json()["data"]
+        assert keys == []  # nothing issued for a run that cannot start
