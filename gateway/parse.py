@@ -3,7 +3,10 @@
 Only what the gateway itself needs is checked strictly (``model``, ``messages`` / ``prompt``,
 ``stream``, ``stream_options``, ``max_tokens``, ``user``, ``n``); every other field goes to the
 replica, which answers its own 400s (passed through in our error shape). Any malformed body is a
-400 ``invalid_request`` — never a 500.
+400 ``invalid_request`` — never a 500: that includes NUL or other control characters in the
+strings the gateway reads itself (``model``, ``user``, a message's ``role``; the text sent to the
+model is the replica's business), a ``max_tokens`` beyond 2³¹−1 and JSON nested past orjson's
+limit.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.errors import invalid
+from kit.inputs import CONTROL_MESSAGE, INT32_MAX, has_control
 
 Endpoint = Literal["chat/completions", "completions"]
 
@@ -63,6 +67,8 @@ def _check_messages(messages: Any) -> int:
         role = m.get("role")
         if not isinstance(role, str) or not role:
             raise invalid(f"'messages[{i}].role' must be a non-empty string", "messages")
+        if has_control(role):
+            raise invalid(f"'messages[{i}].role' {CONTROL_MESSAGE}", "messages")
         chars += _content_chars(m.get("content")) + 16  # role/format overhead, ~4 tokens
     return chars
 
@@ -95,6 +101,8 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
         raise invalid("you must provide a model parameter", "model")
     if not isinstance(model, str) or not model.strip():
         raise invalid("'model' must be a non-empty string", "model")
+    if has_control(model):
+        raise invalid(f"'model' {CONTROL_MESSAGE}", "model")
     if endpoint == "chat/completions":
         if "messages" not in body:
             raise invalid("'messages' is a required property", "messages")
@@ -124,12 +132,14 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
         v = body.get(name)
         if v is None:
             continue
-        if not _is_int(v) or v < 1:
-            raise invalid(f"'{name}' must be a positive integer", name)
+        if not _is_int(v) or v < 1 or v > INT32_MAX:
+            raise invalid(f"'{name}' must be a positive integer (at most {INT32_MAX})", name)
         max_tokens = v if max_tokens is None else min(max_tokens, v)
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise invalid("'user' must be a string", "user")
+    if user is not None and has_control(user):
+        raise invalid(f"'user' {CONTROL_MESSAGE}", "user")
     n = body.get("n", 1)
     if n is None:
         n = 1
