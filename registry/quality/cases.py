@@ -28,7 +28,7 @@ import regex
 from kit.errors import InvalidRequest
 
 MAX_SET_BYTES = 8 * 1024 * 1024
-MAX_CASES = 5000
+MAX_CASES = 2000
 MAX_TOKENS_LIMIT = 32768
 MAX_PATTERN_CHARS = 2000
 MAX_PROBLEMS = 200

@@ -11,7 +11,10 @@ Per arm (:func:`arm_stats`):
 - ``latency_ms``: p50 / p99 of the answered requests (nearest rank).
 
 Pairwise (:func:`pairwise`): ``exact_match_rate`` (identical outputs) and ``similarity`` (mean
-``difflib.SequenceMatcher`` ratio) of the candidate against another arm, over cases both answered.
+``difflib.SequenceMatcher`` ratio of the first :data:`SIMILARITY_CHARS` characters) of the
+candidate against another arm, over cases both answered. The stored result keeps each answer's
+first :data:`STORED_OUTPUT_CHARS` characters (``output_chars``: its whole length); checks and
+exact matches see whole answers.
 
 Verdict (:func:`verdict`) from the adapter's ``quality_policy``: the candidate's pass rate is at
 least ``min_pass_rate``; it is at most ``max_regression_pp`` percentage points below the current
@@ -35,6 +38,8 @@ DEFAULT_POLICY: dict[str, float] = {
     "max_format_error_rate": 0.05,
 }
 ARMS = ("base", "current", "candidate")
+STORED_OUTPUT_CHARS = 4000  # of each answer in the stored result (checks see the whole answer)
+SIMILARITY_CHARS = 4000  # of each answer compared by similarity (difflib is quadratic)
 
 
 @dataclass(slots=True)
@@ -51,8 +56,10 @@ class Answer:
         return self.output is not None and all(c.passed for c in self.checks)
 
     def to_json(self) -> dict[str, Any]:
+        out = self.output
         return {
-            "output": self.output,
+            "output": out if out is None or len(out) <= STORED_OUTPUT_CHARS else out[:STORED_OUTPUT_CHARS],
+            "output_chars": None if out is None else len(out),
             "error": self.error,
             "latency_ms": None if self.latency_ms is None else round(self.latency_ms, 1),
             "passed": self.passed,
@@ -102,7 +109,8 @@ def arm_stats(model: str, answers: list[Answer]) -> dict[str, Any]:
 
 
 def similarity(a: str, b: str) -> float:
-    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+    """difflib's ratio of the answers' first :data:`SIMILARITY_CHARS` characters."""
+    return difflib.SequenceMatcher(None, a[:SIMILARITY_CHARS], b[:SIMILARITY_CHARS], autojunk=False).ratio()
 
 
 def pairwise(candidate: list[Answer], other: list[Answer]) -> dict[str, Any]:

@@ -23,8 +23,6 @@ from registry.quality.checks import run_checks
 from registry.quality.results import ARMS, Answer, arm_stats, pairwise, verdict
 from registry.quality.service import RunPlan
 
-MAX_OUTPUT_CHARS = 20_000  # what one answer keeps in the stored result
-
 
 class GatewayUnreachable(Exception):
     """The gateway could not be reached (connection refused, DNS): the run cannot go on."""
@@ -131,7 +129,7 @@ async def ask(
         output = None
     if output is None:
         return Answer(None, latency, "the gateway's answer has no choices[0] text")
-    return Answer(output[:MAX_OUTPUT_CHARS], latency, None)
+    return Answer(output, latency, None)
 
 
 async def run_arms(

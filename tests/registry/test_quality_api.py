@@ -279,3 +279,11 @@ def test_a_registry_without_a_gateway_says_what_to_set(
         )
         keys = c.get(f"{V1}/audit", params={"action": "key.issued"}).json()["data"]
         assert keys == []  # nothing issued for a run that cannot start
+
+
+def test_openapi_describes_the_quality_routes(qc: TestClient) -> None:
+    paths = TestClient(qc.app).get(f"{V1}/openapi.json").json()["paths"]
+    put = paths["/admin/v1/adapters/{adapter_id}/regression-set"]["put"]
+    assert set(put["requestBody"]["content"]) == {"application/jsonl", "application/json"}
+    assert "post" in paths["/admin/v1/adapters/{adapter_id}/versions/{version}/evaluations"]
+    assert "get" in paths["/admin/v1/adapters/{adapter_id}/versions/{version}/evaluations/{eval_id}"]

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from registry.quality.checks import REGEX_TIMEOUT_S, is_refusal, run_check, run_checks
-from registry.quality.results import Answer, arm_stats, pairwise, percentile, verdict
+from registry.quality.results import STORED_OUTPUT_CHARS, Answer, arm_stats, pairwise, percentile, verdict
 
 SCHEMA = {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "string"}}}
 
@@ -105,3 +105,12 @@ def test_percentile_nearest_rank() -> None:
     assert percentile([5.0], 99) == 5.0
     values = [float(i) for i in range(1, 101)]
     assert percentile(values, 50) == 50.0 and percentile(values, 99) == 99.0
+
+
+def test_long_answers_are_checked_whole_and_stored_cut() -> None:
+    text = '{"answer": "' + "x" * 5000 + '"}'
+    a = _answer(text, 5, [{"type": "max_chars", "n": 4500}, {"type": "json_schema", "schema": SCHEMA}])
+    assert [c.passed for c in a.checks] == [False, True]  # the whole answer, not the stored part
+    stored = a.to_json()
+    assert len(stored["output"]) == STORED_OUTPUT_CHARS and stored["output_chars"] == len(text)
+    assert not stored["passed"]
