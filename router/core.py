@@ -40,7 +40,7 @@ from router.hotness import HotSet
 from router.loader import Loader, LoadError
 from router.metrics import router_metrics
 from router.placement.types import Profile
-from router.planner import Planner
+from router.planner import ColdSlotsFull, Planner
 from router.prewarm import Prewarmer
 from router.reconciler import Reconciler
 from router.sender import Sender
@@ -54,6 +54,7 @@ log = logging.getLogger("loraplane.router")
 
 MARK_RETRY_S = 0.05  # wait between tries while the chosen replica unloads the adapter
 MARK_TRIES = 40
+COLD_SLOT_RETRY_S = 0.05  # wait between placements while only slots reserved for hot ones are free
 
 
 class Router:
@@ -276,6 +277,11 @@ class Router:
         while attempts < 2:
             try:
                 rep, decision = self.planner.place(req, excluded)
+            except ColdSlotsFull:  # a bounded queue: wait for a cold slot to free up
+                if self._clock() - t0 > self.settings.load_timeout_s:
+                    raise
+                await asyncio.sleep(COLD_SLOT_RETRY_S)
+                continue
             except NoCapacity:
                 if last is None:
                     raise

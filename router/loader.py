@@ -25,7 +25,7 @@ from typing import Any
 
 from registry.snapshot import VersionInfo
 from router.audit import RouterAudit
-from router.cluster import ClusterState
+from router.cluster import ClusterState, LoadCaps
 from router.contract import NoCapacity
 from router.metrics import RouterMetrics
 from router.settings import RouterSettings
@@ -72,6 +72,7 @@ class Loader:
         self._clock = clock
         self._wall = wall
         self._flights: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._queued: set[tuple[str, str]] = set()  # loads waiting for a slot (LoadCaps)
         self._waiters: dict[str, int] = {}
         self._bg: set[asyncio.Task[Any]] = set()
 
@@ -108,6 +109,13 @@ class Loader:
             try:
                 await asyncio.wait_for(asyncio.shield(task), self._settings.load_timeout_s)
             except TimeoutError as exc:
+                if (rep.url, name) in self._queued:  # never got a load slot: the queue is full
+                    self._metrics.placement.labels(outcome="load_queue_full").inc()
+                    raise NoCapacity(
+                        f"adapter {version.adapter_id} waited {self._settings.load_timeout_s:.0f}s for a "
+                        "load slot (loads in flight are capped); retry shortly",
+                        retry_after=2,
+                    ) from exc
                 raise LoadError(
                     f"adapter load did not finish within {self._settings.load_timeout_s:.0f}s",
                     failure="timeout",
@@ -153,6 +161,7 @@ class Loader:
         try:
             await self._run(rep, version, candidates)
         except BaseException as exc:
+            self._queued.discard((rep.url, version.lora_name))
             self._fail(
                 rep, version.lora_name, exc.failure if isinstance(exc, LoadError) else type(exc).__name__
             )
@@ -164,9 +173,22 @@ class Loader:
         since = self._wall()  # a failure recorded after this is the load we joined
         deadline = self._clock() + self._settings.load_timeout_s
         while True:
-            claim = await self._cluster.claim(rep.url, name, rep.pool.max_adapters, candidates, since)
+            claim = await self._cluster.claim(
+                rep.url, name, rep.pool.max_adapters, candidates, since, self._caps(rep)
+            )
             if claim.outcome == "reserved":
+                self._queued.discard((rep.url, name))
                 break
+            if claim.outcome == "busy":  # the replica's or pool's loads in flight are at their cap
+                if self._clock() > deadline:
+                    raise NoCapacity(
+                        f"too many adapter loads in flight ({claim.busy} cap); retry shortly",
+                        retry_after=2,
+                    )
+                self._queued.add((rep.url, name))
+                await asyncio.sleep(POLL_S)
+                continue
+            self._queued.discard((rep.url, name))
             rec = claim.record
             if claim.outcome == "failed" and rec is not None:
                 raise LoadError(
@@ -205,6 +227,10 @@ class Loader:
             await self._cluster.drop(rep.url, name)
             raise
         await self._load(rep, version)
+
+    def _caps(self, rep: ReplicaState) -> LoadCaps:
+        s = self._settings
+        return LoadCaps(s.max_loads_per_replica, s.max_loads_per_pool, rep.pool.name)
 
     # ------------------------------------------------------------------ the load itself
 

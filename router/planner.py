@@ -21,6 +21,10 @@ from router.placement.types import Decision, PlacementRequest, Profile
 from router.store import ReplicaState, ReplicaStore, views
 
 
+class ColdSlotsFull(NoCapacity):
+    """Only the GPU slots reserved for hot adapters are free (``reserved_hot_slots``)."""
+
+
 class Planner:
     def __init__(
         self,
@@ -39,11 +43,14 @@ class Planner:
         self._counters: dict[str, Any] = {}
 
     def place(self, req: ForwardRequest, excluded: set[str]) -> tuple[ReplicaState, Decision]:
-        """The replica for ``req`` (never one in ``excluded``); raises NoCapacity."""
+        """The replica for ``req`` (never one in ``excluded``); raises NoCapacity (``ColdSlotsFull``
+        when only the slots reserved for hot adapters are left)."""
         reps = [r for r in self._store.for_base(req.base_model) if r.healthy and r.url not in excluded]
         if not reps:
             raise NoCapacity(f"no healthy replica for base model {req.base_model}", retry_after=2)
         version = req.version
+        if version is not None and reps[0].pool.reserved_hot_slots > 0:
+            reps = self._outside_hot_slots(reps, version.lora_name)
         body = req.body
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 0
         preq = PlacementRequest(
@@ -64,6 +71,32 @@ class Planner:
             counter = self._counters[outcome] = self._metrics.placement.labels(outcome=outcome)
         counter.inc()
         return rep, decision
+
+    def _outside_hot_slots(self, reps: list[ReplicaState], name: str) -> list[ReplicaState]:
+        """The replicas where an adapter that is not hot may run without taking one of the
+        ``reserved_hot_slots`` of their ``max_loras`` (SPEC §15): those where it runs already, or
+        where fewer cold adapters than ``max_loras - reserved_hot_slots`` are running."""
+        hot = self._hot.targets
+        if name in hot:
+            return reps
+        out = []
+        for rep in reps:
+            mine = rep.residents.get(name)
+            if mine is not None and mine.inflight + mine.remote_inflight > 0:
+                out.append(rep)
+                continue
+            cold_running = sum(
+                1
+                for r in rep.residents.values()
+                if r.inflight + r.remote_inflight > 0 and r.lora_name not in hot
+            )
+            if cold_running < rep.pool.max_loras - rep.pool.reserved_hot_slots:
+                out.append(rep)
+        if not out:
+            raise ColdSlotsFull(
+                "every replica's free GPU slots are reserved for hot adapters; retry shortly", retry_after=1
+            )
+        return out
 
     def place_copy(
         self, info: VersionInfo, candidates: list[ReplicaState], exclude: set[str], *, strict_hot: bool

@@ -55,6 +55,12 @@ class PoolConfig(BaseModel):
     dns_interval_s: float = Field(default=10.0, description="Re-resolution interval of `dns`.")
     max_loras: int = Field(default=4, ge=1, description="GPU LoRA slots per replica (vLLM --max-loras).")
     max_adapters: int = Field(default=8, ge=1, description="Adapters kept registered per replica.")
+    reserved_hot_slots: int = Field(
+        default=0,
+        ge=0,
+        description="Of each replica's max_loras, this many are kept for adapters marked hot: a replica "
+        "whose other slots are busy with cold adapters takes no further cold adapter (SPEC §15).",
+    )
     engine: Literal["vllm"] = Field(default="vllm", description="Engine driver of the replicas.")
     api_key: SecretStr | None = Field(default=None, description="Replica --api-key, sent as a bearer token.")
     staging: StagingConfig = Field(default_factory=StagingConfig, description="How files are staged.")
@@ -83,6 +89,18 @@ class RouterSettings(LoraplaneSettings):
         default=None, description="Local staging directory (default: data_dir/staging)."
     )
     load_timeout_s: float = Field(default=30.0, description="Longest a request waits for an adapter load.")
+    max_loads_per_replica: int = Field(
+        default=1,
+        ge=0,
+        description="Cold-load admission: adapter loads in flight at once on one replica, cluster-wide "
+        "(0 = no cap); more wait in a bounded queue up to load_timeout_s, then 503 no_capacity.",
+    )
+    max_loads_per_pool: int = Field(
+        default=4,
+        ge=0,
+        description="Cold-load admission: adapter loads in flight at once in one pool, cluster-wide "
+        "(0 = no cap).",
+    )
     lease_s: float = Field(
         default=30.0,
         gt=0,

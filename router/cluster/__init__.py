@@ -1,6 +1,6 @@
 """Cluster-wide replica state shared by gateway processes (SPEC §17); see ``router.cluster.base``."""
 
-from router.cluster.base import OCCUPYING, Claim, ClusterState, ReplicaShare, SharedRecord
+from router.cluster.base import OCCUPYING, Claim, ClusterState, LoadCaps, ReplicaShare, SharedRecord
 from router.cluster.memory import MemoryCluster
 from router.cluster.redis_state import RedisCluster, new_pid
 
@@ -8,6 +8,7 @@ __all__ = [
     "OCCUPYING",
     "Claim",
     "ClusterState",
+    "LoadCaps",
     "MemoryCluster",
     "RedisCluster",
     "ReplicaShare",

@@ -11,8 +11,9 @@ operations below are the atomic checks that make the copies safe to act on:
   back-to-back requests don't write each time).
 - ``claim`` before a load: ``present`` (someone has it or is loading it), ``reserved`` (this
   process now owns the load; ``evict`` lists the residents it must unload first, already
-  marked ``unloading`` for it), ``full`` (no room: every resident is busy) or ``failed``
-  (another process's load failed since ``since``). The record count of a replica — loading,
+  marked ``unloading`` for it), ``full`` (no room: every resident is busy), ``failed``
+  (another process's load failed since ``since``) or ``busy`` (the replica or its pool already
+  has its ``LoadCaps`` of loads in flight: wait and claim again). The record count of a replica — loading,
   resident and unloading together — never exceeds ``max_adapters``.
 - ``begin_unload`` refuses while any live process has a mark on the adapter there.
 - Processes hold a liveness lease renewed every ``lease_s``/3; records and marks of a process
@@ -33,7 +34,7 @@ from typing import Literal, Protocol
 
 from router.placement.types import ResidencyState
 
-ClaimOutcome = Literal["present", "reserved", "full", "failed"]
+ClaimOutcome = Literal["present", "reserved", "full", "failed", "busy"]
 # States that occupy a slot of ``max_adapters`` (``failed`` does not).
 OCCUPYING: frozenset[str] = frozenset({"staging", "loading", "resident", "unloading"})
 
@@ -55,6 +56,16 @@ class Claim:
     outcome: ClaimOutcome
     record: SharedRecord | None = None  # present / failed: the record found
     evict: tuple[str, ...] = ()  # reserved: unload these first (marked unloading for us)
+    busy: str = ""  # busy: which cap of loads in flight is reached (``replica`` | ``pool``)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadCaps:
+    """Cold-load admission (SPEC §15): loads in flight per replica and per pool (0 = no cap)."""
+
+    per_replica: int = 0
+    per_pool: int = 0
+    pool: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +95,13 @@ class ClusterState(Protocol):
     def unmark(self, url: str, lora_name: str) -> None: ...
 
     async def claim(
-        self, url: str, lora_name: str, max_adapters: int, candidates: Sequence[str], since: float
+        self,
+        url: str,
+        lora_name: str,
+        max_adapters: int,
+        candidates: Sequence[str],
+        since: float,
+        caps: LoadCaps = ...,
     ) -> Claim: ...
 
     async def set_state(

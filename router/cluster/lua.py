@@ -6,6 +6,7 @@
 | ``<p>cl:mark:<replica>`` | hash ``<lora_name>|<pid>`` → token | in-flight marks per process |
 | ``<p>cl:procs`` | sorted set pid → lease expiry (ms, Redis time) | live gateway processes |
 | ``<p>cl:lead:<chore>`` | string pid, PX lease | the process running a cluster-wide chore |
+| ``<p>cl:loads:<pool>`` | sorted set ``<replica>|<lora_name>`` → expiry (ms) | loads in flight in a pool |
 
 A record in ``staging`` or ``unloading`` written by a process whose lease expired is
 abandoned: ``staging`` never reached the engine (dropped); ``loading`` and ``unloading`` may
@@ -89,26 +90,39 @@ end
 return n
 """
 
-# KEYS: res, marks, procs   ARGV: lora_name, max_adapters, pid, now (wall s), since, ncand, cand…
-# → {'present', raw} | {'failed', raw} | {'full'} | {'reserved', victim…}
+# KEYS: res, marks, procs, pool_loads   ARGV: lora_name, max_adapters, pid, now (wall s), since,
+# max_loads (replica, 0 = no cap), max_pool_loads (0 = no cap), pool entry ttl (ms), pool member,
+# ncand, cand…   → {'present', raw} | {'failed', raw} | {'full'} | {'busy', 'replica' | 'pool'}
+# | {'reserved', victim…}
 CLAIM = (
     PRELUDE
     + """
 local recs = records(KEYS[1], KEYS[3], tonumber(ARGV[4]))
 local count = 0
-for _, r in pairs(recs) do if r.state ~= 'failed' then count = count + 1 end end
+local loading = 0
+for _, r in pairs(recs) do
+  if r.state ~= 'failed' then count = count + 1 end
+  if r.state == 'staging' or r.state == 'loading' then loading = loading + 1 end
+end
 local mine = recs[ARGV[1]]
 if mine then
   if mine.state ~= 'failed' then return {'present', mine.raw} end
   if (mine.ts or 0) >= tonumber(ARGV[5]) then return {'failed', mine.raw} end
 end
+local max_loads = tonumber(ARGV[6])
+if max_loads > 0 and loading >= max_loads then return {'busy', 'replica'} end
+local max_pool = tonumber(ARGV[7])
+if max_pool > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', nowms)
+  if redis.call('ZCARD', KEYS[4]) >= max_pool then return {'busy', 'pool'} end
+end
 local max = tonumber(ARGV[2])
 local chosen = {}
 if count >= max then
   local need = count - max + 1
-  for i = 1, tonumber(ARGV[6]) do
+  for i = 1, tonumber(ARGV[10]) do
     if #chosen >= need then break end
-    local v = ARGV[6 + i]
+    local v = ARGV[10 + i]
     local e = recs[v]
     if e and e.state == 'resident' and live_marks(KEYS[2], KEYS[3], v) == 0 then
       table.insert(chosen, v)
@@ -121,6 +135,7 @@ if count >= max then
   end
 end
 redis.call('HSET', KEYS[1], ARGV[1], rec('staging', ARGV[3], tonumber(ARGV[4])))
+if max_pool > 0 then redis.call('ZADD', KEYS[4], nowms + tonumber(ARGV[8]), ARGV[9]) end
 local out = {'reserved'}
 for _, v in ipairs(chosen) do table.insert(out, v) end
 return out

@@ -9,10 +9,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from router.cluster.base import OCCUPYING, Claim, ReplicaShare, SharedRecord
+from router.cluster.base import OCCUPYING, Claim, LoadCaps, ReplicaShare, SharedRecord
 from router.placement.types import ResidencyState
 
 FAILED_TTL_S = 30.0
+LOADING = frozenset({"staging", "loading"})
+NO_CAPS = LoadCaps()
 
 
 class MemoryCluster:
@@ -28,6 +30,8 @@ class MemoryCluster:
         self._records: dict[str, dict[str, SharedRecord]] = {}
         # in-flight per (url, lora_name) in this process (``RedisCluster`` shares its own dict)
         self._marks: dict[tuple[str, str], int] = {} if counts is None else counts
+        self._pool_loads: dict[str, set[tuple[str, str]]] = {}  # pool → loads in flight
+        self._pool_of: dict[tuple[str, str], str] = {}
 
     @property
     def shared(self) -> bool:
@@ -68,7 +72,13 @@ class MemoryCluster:
             self._marks.pop(key, None)
 
     async def claim(
-        self, url: str, lora_name: str, max_adapters: int, candidates: Sequence[str], since: float
+        self,
+        url: str,
+        lora_name: str,
+        max_adapters: int,
+        candidates: Sequence[str],
+        since: float,
+        caps: LoadCaps = NO_CAPS,
     ) -> Claim:
         recs = self._recs(url)
         rec = recs.get(lora_name)
@@ -77,6 +87,10 @@ class MemoryCluster:
                 return Claim("present", rec)
             if rec.ts >= since:
                 return Claim("failed", rec)
+        if caps.per_replica and sum(1 for r in recs.values() if r.state in LOADING) >= caps.per_replica:
+            return Claim("busy", busy="replica")
+        if caps.per_pool and len(self._pool_loads.get(caps.pool, ())) >= caps.per_pool:
+            return Claim("busy", busy="pool")
         count = sum(1 for r in recs.values() if r.state in OCCUPYING)
         chosen: list[str] = []
         if count >= max_adapters:
@@ -93,7 +107,15 @@ class MemoryCluster:
             for name in chosen:
                 self._put(url, name, "unloading")
         self._put(url, lora_name, "staging")
+        if caps.per_pool:
+            self._pool_loads.setdefault(caps.pool, set()).add((url, lora_name))
+            self._pool_of[(url, lora_name)] = caps.pool
         return Claim("reserved", evict=tuple(chosen))
+
+    def _load_over(self, url: str, lora_name: str) -> None:
+        pool = self._pool_of.pop((url, lora_name), None)
+        if pool is not None:
+            self._pool_loads.get(pool, set()).discard((url, lora_name))
 
     async def set_state(
         self,
@@ -106,9 +128,12 @@ class MemoryCluster:
         reason: str = "",
     ) -> None:
         self._put(url, lora_name, state, failure=failure, retry_elsewhere=retry_elsewhere, reason=reason)
+        if state not in LOADING:
+            self._load_over(url, lora_name)
 
     async def drop(self, url: str, lora_name: str) -> None:
         self._recs(url).pop(lora_name, None)
+        self._load_over(url, lora_name)
 
     async def record(self, url: str, lora_name: str) -> SharedRecord | None:
         return self._recs(url).get(lora_name)

@@ -27,9 +27,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from router.cluster import lua
-from router.cluster.base import Claim, ReplicaShare, SharedRecord
+from router.cluster.base import Claim, LoadCaps, ReplicaShare, SharedRecord
 from router.cluster.marks import MarkBook
-from router.cluster.memory import MemoryCluster
+from router.cluster.memory import NO_CAPS, MemoryCluster
 from router.placement.types import ResidencyState
 
 log = logging.getLogger("loraplane.router.cluster")
@@ -92,6 +92,7 @@ class RedisCluster:
         self._lead = r.register_script(lua.LEAD)
         self._resign = r.register_script(lua.RESIGN)
         self._leading: set[str] = set()
+        self._pool_of: dict[tuple[str, str], str] = {}  # loads of ours counted in a pool's cap
 
     # ------------------------------------------------------------------ keys
 
@@ -214,23 +215,44 @@ class RedisCluster:
     # ------------------------------------------------------------------ residency
 
     async def claim(
-        self, url: str, lora_name: str, max_adapters: int, candidates: Sequence[str], since: float
+        self,
+        url: str,
+        lora_name: str,
+        max_adapters: int,
+        candidates: Sequence[str],
+        since: float,
+        caps: LoadCaps = NO_CAPS,
     ) -> Claim:
         if self._down:
-            return await self._local.claim(url, lora_name, max_adapters, candidates, since)
-        args: list[Any] = [lora_name, max_adapters, self.pid, self._wall(), since, len(candidates)]
-        args.extend(candidates)
+            return await self._local.claim(url, lora_name, max_adapters, candidates, since, caps)
+        member = f"{url}|{lora_name}"
+        args: list[Any] = [lora_name, max_adapters, self.pid, self._wall(), since]
+        args += [caps.per_replica, caps.per_pool, 2 * self._lease_ms, member, len(candidates), *candidates]
+        keys = [self._res(url), self._marks(url), self._procs, self._pool_key(caps.pool)]
         try:
-            out = await self._claim(keys=[self._res(url), self._marks(url), self._procs], args=args)
+            out = await self._claim(keys=keys, args=args)
         except (RedisError, OSError) as exc:
             self._failed(exc)
-            return await self._local.claim(url, lora_name, max_adapters, candidates, since)
+            return await self._local.claim(url, lora_name, max_adapters, candidates, since, caps)
         kind = _s(out[0])
         if kind in ("present", "failed"):
             return Claim(kind, parse_record(out[1]))  # type: ignore[arg-type]
         if kind == "full":
             return Claim("full")
+        if kind == "busy":
+            return Claim("busy", busy=_s(out[1]))
+        if caps.per_pool:
+            self._pool_of[(url, lora_name)] = caps.pool
         return Claim("reserved", evict=tuple(_s(v) for v in out[1:]))
+
+    def _pool_key(self, pool: str) -> str:
+        return f"{self._p}cl:loads:{pool}"
+
+    async def _load_over(self, url: str, lora_name: str) -> None:
+        """The load of (url, lora_name) ended: it no longer counts against its pool's cap."""
+        pool = self._pool_of.pop((url, lora_name), None)
+        if pool is not None:
+            await self._write(lambda: self._redis.zrem(self._pool_key(pool), f"{url}|{lora_name}"))
 
     async def set_state(
         self,
@@ -249,10 +271,13 @@ class RedisCluster:
         if state == "failed":
             rec.update(failure=failure, retry_elsewhere=retry_elsewhere, reason=reason[:200])
         await self._write(lambda: self._redis.hset(self._res(url), lora_name, orjson.dumps(rec)))
+        if state not in ("staging", "loading"):
+            await self._load_over(url, lora_name)
 
     async def drop(self, url: str, lora_name: str) -> None:
         await self._local.drop(url, lora_name)
         await self._write(lambda: self._redis.hdel(self._res(url), lora_name))
+        await self._load_over(url, lora_name)
 
     async def _write(self, op: Callable[[], Any]) -> None:
         if self._down:

@@ -1,4 +1,4 @@
-"""The vLLM engine driver (VLLM.md §1–§9): dynamic LoRA endpoints, ``/v1/models``, ``/metrics``.
+"""The vLLM engine driver (as vLLM 0.32 does): dynamic LoRA endpoints, ``/v1/models``, ``/metrics``.
 
 Load failure classification (by status code and vLLM's error ``type``, never by message
 substring alone):
@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from router.contract import UpstreamTimeout
 from router.drivers.base import AnswerKind, LoadResult, MetricsSample, ModelsInfo, Retryable, UnloadResult
 
-# vLLM's own message for an adapter the engine refused (``InternalServerError``, VLLM.md §1);
+# vLLM's own message for an adapter the engine refused (``InternalServerError``, (as vLLM 0.32 does);
 # checked together with the error type, never alone.
 _ADD_LORA_FAILED = "Call to add_lora method failed"
 

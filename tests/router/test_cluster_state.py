@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import redis.asyncio as aioredis
 
-from router.cluster import ClusterState, MemoryCluster, RedisCluster
+from router.cluster import ClusterState, LoadCaps, MemoryCluster, RedisCluster
 
 URL = "http://10.0.0.1:8000"
 
@@ -162,3 +162,18 @@ async def test_redis_down_falls_back_to_local_rules_and_recovers(
     finally:
         await c.stop()
         await broken.aclose()
+
+
+async def test_load_caps_per_replica_and_per_pool(one: MemoryCluster | RedisCluster) -> None:
+    caps = LoadCaps(per_replica=1, per_pool=2, pool="main")
+    other, third = "http://10.0.0.2:8000", "http://10.0.0.3:8000"
+    assert (await one.claim(URL, "a@v1-00000001", 8, (), 0.0, caps)).outcome == "reserved"
+    busy = await one.claim(URL, "b@v1-00000002", 8, (), 0.0, caps)
+    assert busy.outcome == "busy" and busy.busy == "replica"  # one load at a time on URL
+    assert (await one.claim(other, "b@v1-00000002", 8, (), 0.0, caps)).outcome == "reserved"
+    busy = await one.claim(third, "c@v1-00000003", 8, (), 0.0, caps)
+    assert busy.outcome == "busy" and busy.busy == "pool"  # two loads in flight in the pool
+    await one.set_state(URL, "a@v1-00000001", "resident")  # a's load is over: room again
+    assert (await one.claim(third, "c@v1-00000003", 8, (), 0.0, caps)).outcome == "reserved"
+    await one.drop(other, "b@v1-00000002")  # an aborted load frees its place too
+    assert (await one.claim(URL, "d@v1-00000004", 8, (), 0.0, caps)).outcome == "reserved"
