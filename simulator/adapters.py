@@ -1,4 +1,4 @@
-"""Read and validate a PEFT LoRA adapter directory the way vLLM does at load (VLLM.md §7).
+"""Read and validate a PEFT LoRA adapter directory the way vLLM does at load (as vLLM 0.32 does).
 
 ``inspect_adapter(lora_path, max_lora_rank)`` returns an ``AdapterFiles`` (weights sha256 and
 size) or raises ``AdapterNotFound`` (vLLM's 404: no ``adapter_config.json``) or

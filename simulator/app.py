@@ -1,6 +1,6 @@
 """The simulated vLLM replica as a raw ASGI app: ``create_app(SimConfig(...))``.
 
-Routes (VLLM.md §1–§9): ``/health`` ``/ping`` ``/version`` ``/load`` ``/metrics`` ``/tokenize``
+Routes (as vLLM 0.32 does): ``/health`` ``/ping`` ``/version`` ``/load`` ``/metrics`` ``/tokenize``
 ``/v1/models`` ``/v1/completions`` ``/v1/chat/completions``; with runtime LoRA updating also
 ``/v1/load_lora_adapter`` ``/v1/unload_lora_adapter`` ``POST /adapters``
 ``DELETE /adapters/{name}``; with ``enable_fault_control`` also ``/_sim/faults`` and

@@ -2,7 +2,7 @@
 
 Used in real time by the simulator's HTTP server (``simulator.runtime``) and in virtual time
 by benchmarks (``benchmarks/routing.py``). Semantics follow vLLM's v1 scheduler
-(``vllm/v1/core/sched/scheduler.py``) and LoRA managers, as written in VLLM.md §4.
+(``vllm/v1/core/sched/scheduler.py``) and LoRA managers, as vLLM 0.32 does.
 
 API::
 

@@ -1,4 +1,4 @@
-"""``/v1/completions`` and ``/v1/chat/completions``: parse, submit to the engine, answer (VLLM.md §3, §9)."""
+"""``/v1/completions`` and ``/v1/chat/completions``: parse, submit to the engine, answer as vLLM 0.32 does."""
 
 from __future__ import annotations
 

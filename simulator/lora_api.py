@@ -1,4 +1,4 @@
-"""``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter`` and the SageMaker aliases (VLLM.md §1).
+"""``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter`` and the SageMaker aliases (as vLLM 0.32 does).
 
 Success bodies are plain text with no Content-Type; errors use vLLM 0.33's statuses, types
 and messages, with ``<path>`` redaction.

@@ -1,4 +1,4 @@
-"""vLLM's Prometheus metrics (VLLM.md §5) on a per-app ``CollectorRegistry``.
+"""vLLM's Prometheus metrics (as vLLM 0.32 does) on a per-app ``CollectorRegistry``.
 
 The families, names, types, label names, help texts and histogram buckets are vLLM 0.32's
 ``PrometheusStatLogger`` (``vllm/v1/metrics/loggers.py``, ``buckets.py``, ``perf.py``), emitted in

@@ -1,4 +1,4 @@
-"""SSE streaming of completions/chat (VLLM.md §9) with the stream faults (cut, stall, dead)."""
+"""SSE streaming of completions/chat (as vLLM 0.32 does) with the stream faults (cut, stall, dead)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Direct tests of a real vLLM 0.32 replica: they document reality (VLLM.md) for the simulator/router.
+"""Direct tests of a real vLLM 0.32 replica: they document its behaviour for the simulator and router.
 
 Each test uses its own adapter names, so tests share the two session replicas safely.
 """

@@ -198,7 +198,7 @@ def _card_keys(c: httpx.Client) -> list[Any]:
     return [(sorted(card), sorted(card["permission"][0])) for card in data]
 
 
-# The /metrics families VLLM.md §5 lists and the router reads: both servers must expose them.
+# The /metrics families (as vLLM 0.32 does) lists and the router reads: both servers must expose them.
 CORE_METRICS = {
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",

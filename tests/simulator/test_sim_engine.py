@@ -1,4 +1,4 @@
-"""The pure timing/scheduling model in virtual time: exact numbers (VLLM.md §4)."""
+"""The pure timing/scheduling model in virtual time: exact numbers (as vLLM 0.32 does)."""
 
 from __future__ import annotations
 

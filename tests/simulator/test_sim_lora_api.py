@@ -1,4 +1,4 @@
-"""Dynamic LoRA endpoints: gate, success bodies, the error table of VLLM.md §1, §7 validation."""
+"""Dynamic LoRA endpoints: gate, success bodies, the error table of (as vLLM 0.32 does) validation."""
 
 from __future__ import annotations
 
