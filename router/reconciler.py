@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable
 
 from registry.snapshot import RoutingSnapshot, VersionInfo
-from router.cluster import OCCUPYING, ClusterState
+from router.cluster import ClusterState
 from router.hotness import HotSet
 from router.loader import Loader
 from router.prewarm import Prewarmer
@@ -129,7 +129,9 @@ class Reconciler:
                 await self._unloader.unload(rep, name, reason)
 
     async def _trim(self, rep: ReplicaState) -> None:
-        present = [r for r in rep.residents.values() if r.state in OCCUPYING]
+        # what the replica has registered: a load in progress is not yet (while a claim's victims
+        # unload, their slots and the new one's both count: that is not an excess)
+        present = [r for r in rep.residents.values() if r.state in ("resident", "unloading")]
         excess = len(present) - rep.pool.max_adapters
         if excess <= 0:
             return
