@@ -190,12 +190,9 @@ def create_admin_app(
         engine = make_engine(settings.resolved_database_url())
     check_schema(engine)
     if store is None:
-        try:
-            from registry.storage.base import make_store
+        from registry.storage.base import make_store
 
-            store = make_store(settings)
-        except ImportError:
-            log.warning("no artifact store available; uploads answer 503")
+        store = make_store(settings)
     if feed is None:
         feed = make_feed(settings, engine)
     token = settings.admin_token.get_secret_value() if settings.admin_token is not None else None

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 
 from kit.db import session_scope
 from kit.errors import InvalidRequest, Unavailable
+from registry import ingest
 from registry.api.deps import AdminState, state_of
 from registry.api.schemas import UPLOAD_GATE_DOC, ErrorOut, SourceUpload, UploadQualityGate, VersionOut
 from registry.api.scopes import OWNER_OF_ADAPTER
@@ -173,10 +174,6 @@ async def upload_version(
     if st.store is None:
         raise Unavailable("no artifact store is configured", code="storage_unavailable")
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    try:
-        from registry import ingest  # type: ignore[attr-defined,unused-ignore]
-    except ImportError as e:  # the ingest module is not installed in this build
-        raise Unavailable("uploads are not available in this build", code="storage_unavailable") from e
 
     gate_body: str | None = None
     if ctype == "multipart/form-data":
