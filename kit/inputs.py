@@ -9,7 +9,8 @@ Two field types for request schemas, one JSON walker and one ASGI middleware:
 - :data:`Int32` — a strict integer that fits a 32-bit ``INTEGER`` column (PostgreSQL answers
   "integer out of range" otherwise); fields add their own ``ge``/``le`` on top.
 - :func:`json_problem` — the first problem in a parsed JSON value: nested deeper than
-  ``MAX_JSON_DEPTH``, a string or key with NUL / control characters, a non-finite number.
+  ``MAX_JSON_DEPTH``, a string or key with NUL / control characters or a lone surrogate (JSON's
+  ``"\ud800"``: neither database can encode it), a non-finite number.
 - :class:`InputGuard` — checks, before the app sees the request, every query parameter (no
   control character at all; path parameters are the router's to name, see
   ``registry.api.inputs``), and a JSON or form body: at most ``max_body_bytes``
@@ -39,7 +40,10 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # any C0 control or DEL: names, ids, filters, paths
 _CONTROL_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # free text keeps \t \n \r
 
+_SURROGATE = re.compile(r"[\ud800-\udfff]")  # JSON's "\ud800" escapes: no UTF-8 for them
+
 CONTROL_MESSAGE = "must not contain NUL or other control characters"
+SURROGATE_MESSAGE = "must be valid Unicode (a lone surrogate has no UTF-8 form)"
 
 
 def has_control(value: str, *, text: bool = False) -> bool:
@@ -48,15 +52,27 @@ def has_control(value: str, *, text: bool = False) -> bool:
     return (_CONTROL_TEXT if text else _CONTROL).search(value) is not None
 
 
+def text_problem(value: str, *, text: bool = False) -> str | None:
+    """Why ``value`` cannot be stored or shown as it is (control characters, lone surrogates,
+    which neither database can encode), or None."""
+    if has_control(value, text=text):
+        return CONTROL_MESSAGE + (" (tab and newlines are allowed)" if text else "")
+    if _SURROGATE.search(value) is not None:
+        return SURROGATE_MESSAGE
+    return None
+
+
 def _safe_line(value: str) -> str:
-    if has_control(value):
-        raise ValueError(CONTROL_MESSAGE)
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
 def _safe_text(value: str) -> str:
-    if has_control(value, text=True):
-        raise ValueError(CONTROL_MESSAGE + " (tab and newlines are allowed)")
+    problem = text_problem(value, text=True)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
@@ -93,16 +109,18 @@ def json_problem(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> tuple[str, s
         if depth > max_depth:
             return where, f"nested more than {max_depth} levels deep"
         if isinstance(v, str):
-            if has_control(v, text=True):
-                return where, CONTROL_MESSAGE
+            problem = text_problem(v, text=True)
+            if problem is not None:
+                return where, problem
         elif isinstance(v, float):
             if not math.isfinite(v):
                 return where, "numbers must be finite"
         elif isinstance(v, dict):
             for k, item in v.items():
                 sub = f"{where}.{k}" if where else str(k)
-                if has_control(k):
-                    return (where or "body"), f"key {k!r} {CONTROL_MESSAGE}"
+                problem = text_problem(k)
+                if problem is not None:
+                    return (where or "body"), f"key {k!r} {problem}"
                 stack.append((item, sub, depth + 1))
         elif isinstance(v, list):
             for i, item in enumerate(v):

@@ -10,12 +10,13 @@ from __future__ import annotations
 from fastapi import Request
 
 from kit.errors import InvalidRequest
-from kit.inputs import CONTROL_MESSAGE, has_control
+from kit.inputs import text_problem
 
 
 def safe_path_params(request: Request) -> None:
     """App-wide dependency: 422 ``invalid_request`` naming the first path parameter that holds a
     NUL or another control character."""
     for name, value in request.path_params.items():
-        if isinstance(value, str) and has_control(value):
-            raise InvalidRequest(f"{name} {CONTROL_MESSAGE}", details={"field": name})
+        problem = text_problem(value) if isinstance(value, str) else None
+        if problem is not None:
+            raise InvalidRequest(f"{name} {problem}", details={"field": name})
