@@ -448,7 +448,8 @@ class GatewayApp:
                 s.prompt_tokens.inc(ctx.prompt_tokens)
                 s.completion_tokens.inc(ctx.completion_tokens or 0)
         if ctx.canary:  # batched, never a round trip here (gateway.canary)
-            first_byte = ctx.ttft_s if ctx.ttft_s is not None else latency
+            # a wait for a cold load is no property of the version: no TTFT sample then
+            first_byte = None if ctx.cold_load else ctx.ttft_s if ctx.ttft_s is not None else latency
             self.gw.canary.record(
                 ctx.adapter,
                 ctx.version,

@@ -7,7 +7,8 @@ timeouts, streams that ended in an error event included); 4xx answers (the clien
 limits) and client disconnects (499) are not counted at all. An answer that another version
 served (the adapter's load-failure fallback, SPEC §15) is an error of the version asked for.
 TTFT is the first streamed chunk for streams and the whole answer otherwise (the first byte the
-client gets).
+client gets); answers that waited for a cold load give no TTFT sample (a canary's first answers
+would otherwise carry its load time, and a p99 over few answers is their maximum).
 
 Sampled answers: the text of up to :data:`SAMPLES_PER_FLUSH` successful non-streamed answers per
 version and flush interval is kept (16 KiB each at most) for the analyser, which runs the
