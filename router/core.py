@@ -31,18 +31,18 @@ from router.contract import (
     ForwardResult,
     NoCapacity,
     RouterError,
-    UpstreamError,
 )
 from router.directory import DirectoryPublisher, LocalReplicaDirectory
-from router.drivers import ModelsInfo, Retryable, make_driver
+from router.drivers import ModelsInfo, make_driver
 from router.fallback import Fallback
 from router.hotness import HotSet
-from router.loader import Loader, LoadError
+from router.loader import Loader
 from router.metrics import router_metrics
 from router.placement.types import Profile
-from router.planner import ColdSlotsFull, Planner
+from router.planner import Planner
 from router.prewarm import Prewarmer
 from router.reconciler import Reconciler
+from router.requests import RequestLoop
 from router.sender import Sender
 from router.settings import RouterSettings
 from router.shared_view import SharedView
@@ -51,10 +51,6 @@ from router.store import ReplicaState, ReplicaStore, cancel_all, parse_lora_name
 from router.unloader import Unloader
 
 log = logging.getLogger("loraplane.router")
-
-MARK_RETRY_S = 0.05  # wait between tries while the chosen replica unloads the adapter
-MARK_TRIES = 40
-COLD_SLOT_RETRY_S = 0.05  # wait between placements while only slots reserved for hot ones are free
 
 
 class Router:
@@ -98,11 +94,10 @@ class Router:
         self._unloader: Unloader | None = None
         self._reconciler: Reconciler | None = None
         self.shared_view: SharedView | None = None
-        self._hot: HotSet | None = None
         self._planner: Planner | None = None
         self._events = RouterAudit(audit)
         self._fallback = Fallback(self.metrics, self._events, lambda: self.snapshot, clock=clock)
-        self._sender: Sender | None = None
+        self._requests: RequestLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._bg: set[asyncio.Task[Any]] = set()
 
@@ -131,7 +126,7 @@ class Router:
         store = self._store = ReplicaStore(
             s, drivers, clock=self._clock, wall=time.time, metrics=self.metrics, on_poll=self._on_poll
         )
-        self._sender = Sender(
+        sender = Sender(
             self._events, self.metrics, store, ttfb_s=s.upstream_ttfb_timeout_s, clock=self._clock
         )
         stagers = make_stagers(s, self._artifacts, session)
@@ -139,16 +134,26 @@ class Router:
         loader = self._loader = Loader(
             s, store, stagers, self._events, self.metrics, self.cluster, unloader, clock=self._clock
         )
-        self._hot = HotSet(s, store, clock=self._clock)
-        self._planner = Planner(store, self.profile, self._hot, self.metrics, clock=self._clock)
-        self.prewarmer = Prewarmer(store, self._planner, loader)
+        hot = HotSet(s, store, clock=self._clock)
+        planner = self._planner = Planner(store, self.profile, hot, self.metrics, clock=self._clock)
+        self._requests = RequestLoop(
+            store,
+            planner,
+            self.cluster,
+            loader,
+            sender,
+            hot,
+            load_timeout_s=s.load_timeout_s,
+            clock=self._clock,
+        )
+        self.prewarmer = Prewarmer(store, planner, loader)
         self._reconciler = Reconciler(
             s,
             store,
             loader,
             unloader,
             self.cluster,
-            self._hot,
+            hot,
             self.prewarmer,
             lambda: self.snapshot,
             clock=self._clock,
@@ -254,107 +259,14 @@ class Router:
     # ------------------------------------------------------------------ forwarding
 
     async def forward(self, req: ForwardRequest) -> ForwardResult:
+        if self._requests is None:
+            raise RuntimeError("Router.start() was not called")
         try:
-            return await self._forward(req)
+            return await self._requests.forward(req)
         except (AdapterLoadFailed, NoCapacity) as exc:
             if req.version is None or req.pinned:
                 raise
-            return await self._fallback.serve(req, exc, self._forward)
-
-    async def _forward(self, req: ForwardRequest) -> ForwardResult:
-        t0 = self._clock()
-        store = self.store
-        if not store.for_base(req.base_model):
-            raise NoCapacity(f"no replicas serve base model {req.base_model}", retry_after=5)
-        version = req.version
-        name = version.lora_name if version is not None else None
-        if name is not None and self._hot is not None:
-            self._hot.note_request(name)
-        excluded: set[str] = set()
-        cold = False
-        last: Exception | None = None
-        attempts = refused = 0
-        while attempts < 2:
-            try:
-                rep, decision = self.planner.place(req, excluded)
-            except ColdSlotsFull:  # a bounded queue: wait for a cold slot to free up
-                if self._clock() - t0 > self.settings.load_timeout_s:
-                    raise
-                await asyncio.sleep(COLD_SLOT_RETRY_S)
-                continue
-            except NoCapacity:
-                if last is None:
-                    raise
-                break  # nowhere left to retry: the first failure is the answer
-            if name is not None and not await self.cluster.mark(rep.url, name):
-                refused += 1  # another process is unloading it there right now
-                if refused >= MARK_TRIES:
-                    excluded.add(rep.url)
-                await asyncio.sleep(MARK_RETRY_S)
-                continue
-            release = self._releaser(rep.url, name)
-            try:
-                if version is not None:
-                    cands = self.planner.candidates(rep, decision, version.lora_name, strict_hot=False)
-                    cold = await self.loader.ensure_loaded(rep, version, cands) or cold
-                assert self._sender is not None
-                return await self._sender.send(rep, req, cold, self._clock() - t0, release)
-            except LoadError as exc:
-                release()
-                last = exc
-                if not exc.retry_elsewhere:
-                    break
-                excluded.add(rep.url)
-            except Retryable as exc:
-                release()
-                last = exc
-                await self._after_retryable(rep, req, exc, excluded)
-            except BaseException:
-                release()
-                raise
-            attempts += 1
-            log.info(
-                "retrying on another replica",
-                extra={
-                    "request_id": req.request_id,
-                    "replica": rep.url,
-                    "error": str(last),
-                    "attempt": attempts,
-                },
-            )
-        if isinstance(last, LoadError):
-            raise AdapterLoadFailed(
-                f"adapter {req.client_model} could not be loaded: {last.message}",
-                retry_after=5 if last.retry_elsewhere else 30,
-            )
-        raise UpstreamError(f"replica error: {last}")
-
-    def _releaser(self, url: str, name: str | None) -> Callable[[], None]:
-        done = False
-
-        def release() -> None:
-            nonlocal done
-            if not done and name is not None:
-                done = True
-                self.cluster.unmark(url, name)
-
-        return release
-
-    async def _after_retryable(
-        self, rep: ReplicaState, req: ForwardRequest, exc: Retryable, excluded: set[str]
-    ) -> None:
-        store = self.store
-        if exc.replica_down:  # connection refused: out of rotation until a poll succeeds
-            store.mark_failure(rep, exc.message, immediate=True)
-        version = req.version
-        if exc.adapter_missing and version is not None:
-            # The replica lost the adapter (restart): forget it, reload on the retry.
-            rep.residents.pop(version.lora_name, None)
-            await self.cluster.drop(rep.url, version.lora_name)
-        elif any(
-            r.healthy and r.url != rep.url and r.url not in excluded for r in store.for_base(req.base_model)
-        ):
-            excluded.add(rep.url)  # else: retry the same one (e.g. a stale pooled connection)
+            return await self._fallback.serve(req, exc, self._requests.forward)
 
     # ------------------------------------------------------------------ prewarm
 

@@ -1,0 +1,147 @@
+"""The request loop: one request from placement to the first byte, with one retry elsewhere.
+
+The planner's decision (``router.planner``) → an in-flight mark on (replica, version) in the
+cluster state (refused while another process unloads it there: place again a moment later) →
+the loader's singleflight verified load if needed (evicting the decision's victims first) →
+the sender through the pool's engine driver. One retry on another replica after a load failure
+that may succeed elsewhere or an error before the first byte; while only the GPU slots kept for
+hot adapters are free, a cold request waits (bounded by the load timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from router.cluster import ClusterState
+from router.contract import AdapterLoadFailed, ForwardRequest, ForwardResult, NoCapacity, UpstreamError
+from router.drivers import Retryable
+from router.hotness import HotSet
+from router.loader import Loader, LoadError
+from router.planner import ColdSlotsFull, Planner
+from router.sender import Sender
+from router.store import ReplicaState, ReplicaStore
+
+log = logging.getLogger("loraplane.router")
+
+MARK_RETRY_S = 0.05  # wait between tries while the chosen replica unloads the adapter
+MARK_TRIES = 40
+COLD_SLOT_RETRY_S = 0.05  # wait between placements while only slots reserved for hot ones are free
+
+
+class RequestLoop:
+    def __init__(
+        self,
+        store: ReplicaStore,
+        planner: Planner,
+        cluster: ClusterState,
+        loader: Loader,
+        sender: Sender,
+        hot: HotSet,
+        *,
+        load_timeout_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._planner = planner
+        self._cluster = cluster
+        self._loader = loader
+        self._sender = sender
+        self._hot = hot
+        self._load_timeout_s = load_timeout_s
+        self._clock = clock
+
+    async def forward(self, req: ForwardRequest) -> ForwardResult:
+        t0 = self._clock()
+        store = self._store
+        if not store.for_base(req.base_model):
+            raise NoCapacity(f"no replicas serve base model {req.base_model}", retry_after=5)
+        version = req.version
+        name = version.lora_name if version is not None else None
+        if name is not None:
+            self._hot.note_request(name)
+        excluded: set[str] = set()
+        cold = False
+        last: Exception | None = None
+        attempts = refused = 0
+        while attempts < 2:
+            try:
+                rep, decision = self._planner.place(req, excluded)
+            except ColdSlotsFull:  # a bounded queue: wait for a cold slot to free up
+                if self._clock() - t0 > self._load_timeout_s:
+                    raise
+                await asyncio.sleep(COLD_SLOT_RETRY_S)
+                continue
+            except NoCapacity:
+                if last is None:
+                    raise
+                break  # nowhere left to retry: the first failure is the answer
+            if name is not None and not await self._cluster.mark(rep.url, name):
+                refused += 1  # another process is unloading it there right now
+                if refused >= MARK_TRIES:
+                    excluded.add(rep.url)
+                await asyncio.sleep(MARK_RETRY_S)
+                continue
+            release = self._releaser(rep.url, name)
+            try:
+                if version is not None:
+                    cands = self._planner.candidates(rep, decision, version.lora_name, strict_hot=False)
+                    cold = await self._loader.ensure_loaded(rep, version, cands) or cold
+                return await self._sender.send(rep, req, cold, self._clock() - t0, release)
+            except LoadError as exc:
+                release()
+                last = exc
+                if not exc.retry_elsewhere:
+                    break
+                excluded.add(rep.url)
+            except Retryable as exc:
+                release()
+                last = exc
+                await self._after_retryable(rep, req, exc, excluded)
+            except BaseException:
+                release()
+                raise
+            attempts += 1
+            log.info(
+                "retrying on another replica",
+                extra={
+                    "request_id": req.request_id,
+                    "replica": rep.url,
+                    "error": str(last),
+                    "attempt": attempts,
+                },
+            )
+        if isinstance(last, LoadError):
+            raise AdapterLoadFailed(
+                f"adapter {req.client_model} could not be loaded: {last.message}",
+                retry_after=5 if last.retry_elsewhere else 30,
+            )
+        raise UpstreamError(f"replica error: {last}")
+
+    def _releaser(self, url: str, name: str | None) -> Callable[[], None]:
+        done = False
+
+        def release() -> None:
+            nonlocal done
+            if not done and name is not None:
+                done = True
+                self._cluster.unmark(url, name)
+
+        return release
+
+    async def _after_retryable(
+        self, rep: ReplicaState, req: ForwardRequest, exc: Retryable, excluded: set[str]
+    ) -> None:
+        store = self._store
+        if exc.replica_down:  # connection refused: out of rotation until a poll succeeds
+            store.mark_failure(rep, exc.message, immediate=True)
+        version = req.version
+        if exc.adapter_missing and version is not None:
+            # The replica lost the adapter (restart): forget it, reload on the retry.
+            rep.residents.pop(version.lora_name, None)
+            await self._cluster.drop(rep.url, version.lora_name)
+        elif any(
+            r.healthy and r.url != rep.url and r.url not in excluded for r in store.for_base(req.base_model)
+        ):
+            excluded.add(rep.url)  # else: retry the same one (e.g. a stale pooled connection)
