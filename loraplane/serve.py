@@ -1,4 +1,4 @@
-"""``loraplane serve --role registry|gateway|all``: the production processes, from settings.
+"""``loraplane serve --role registry|gateway|all|evaluator``: the production processes, from settings.
 
 PostgreSQL (``LORAPLANE_DATABASE_URL``), S3 (``LORAPLANE_S3_*``), Redis (``LORAPLANE_REDIS_URL``)
 and replica pools (``LORAPLANE_POOLS``). Refuses to start on a stale schema ("run `loraplane db
@@ -22,6 +22,7 @@ class Role(StrEnum):
     registry = "registry"
     gateway = "gateway"
     all = "all"
+    evaluator = "evaluator"
 
 
 async def run_serve(role: Role) -> None:
@@ -43,6 +44,14 @@ async def run_serve(role: Role) -> None:
         typer.echo(f"error: {e.message}", err=True)
         raise typer.Exit(1) from None
     feed = make_feed(reg_settings, engine)
+    if role is Role.evaluator:  # evaluations only (SPEC §16): no HTTP server
+        from registry.quality.standalone import run_evaluator
+
+        try:
+            await run_evaluator(engine, feed)
+        finally:
+            engine.dispose()
+        return
     servers: list[QuietServer] = []
     router: Any = None
     audit: Any = None
@@ -147,7 +156,10 @@ async def run_serve(role: Role) -> None:
 
 def serve(
     role: Role = typer.Option(
-        Role.all, "--role", help="registry (admin API), gateway (public API + router), or all."
+        Role.all,
+        "--role",
+        help="registry (admin API), gateway (public API + router), all, or evaluator (runs the "
+        "evaluations an admin API with LORAPLANE_EVAL_IN_PROCESS=false records).",
     ),
 ) -> None:
     """Run the production processes from settings (PostgreSQL, S3, Redis, LORAPLANE_POOLS)."""

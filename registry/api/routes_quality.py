@@ -115,12 +115,15 @@ def start_evaluation(request: Request, adapter_id: str, version: str, who: Evalu
     the record (``status`` ``running``). 409 ``no_regression_set``, ``evaluation_running``,
     ``adapter_disabled``, ``version_disabled``."""
     worker = _worker(request)
+    here = worker.settings.eval_in_process  # else a `serve --role evaluator` process claims it
 
     def start(s: Session) -> dict[str, Any]:
-        return service.start_evaluation(s, adapter_id, version, actor=who.id, worker=worker.worker_id)
+        owner = worker.worker_id if here else None
+        return service.start_evaluation(s, adapter_id, version, actor=who.id, worker=owner)
 
     rec = write(state_of(request), start)
-    worker.submit(rec["id"])
+    if here:
+        worker.submit(rec["id"])
     return JSONResponse(status_code=202, content=rec)
 
 

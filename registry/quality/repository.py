@@ -68,6 +68,17 @@ def stale_running(session: Session, older_than: datetime) -> list[EvaluationRow]
     return list(session.scalars(q))
 
 
+def unclaimed(session: Session, limit: int) -> list[EvaluationRow]:
+    q = (
+        sa.select(EvaluationRow)
+        .where(EvaluationRow.status == "running", EvaluationRow.worker.is_(None))
+        .order_by(EvaluationRow.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return list(session.scalars(q))
+
+
 def add(session: Session, row: RegressionSetRow | QualityPolicyRow | EvaluationRow) -> None:
     session.add(row)
     session.flush()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from kit.errors import Conflict, InvalidRequest, NotFound
@@ -212,9 +213,10 @@ def _new_eval_id() -> str:
 
 
 def start_evaluation(
-    session: Session, adapter_id: str, version: str, *, actor: str, worker: str
+    session: Session, adapter_id: str, version: str, *, actor: str, worker: str | None
 ) -> dict[str, Any]:
-    """The record of a new ``running`` evaluation (the worker picks it up after the commit)."""
+    """The record of a new ``running`` evaluation. ``worker``: the process that runs it (it is
+    handed over after the commit), or None for the next ``serve --role evaluator`` to claim."""
     adapter = adapter_row(session, adapter_id, for_update=True)
     vrow = version_row(session, adapter_id, version)
     if adapter.status == "disabled":
@@ -340,13 +342,23 @@ def plan_run(session: Session, eval_id: str) -> RunPlan:
 
 def issue_eval_key(session: Session, adapter_id: str) -> tuple[str, str]:
     """(key_id, key) of a fresh key of the evaluator's tenant, with a grant for the adapter."""
+    # Runs start concurrently (several evaluator processes, or two runs in one): whoever loses
+    # the race to create the tenant or the grant rolls back its savepoint and uses the winner's.
     if tenants_repo.get(session, EVAL_TENANT) is None:
-        tenant_svc.create_tenant(
-            session, tenant_id=EVAL_TENANT, name="loraplane evaluator (internal)", limits=None,
-            base_model_access=True, actor=EVALUATOR,
-        )  # fmt: skip
+        try:
+            with session.begin_nested():
+                tenant_svc.create_tenant(
+                    session, tenant_id=EVAL_TENANT, name="loraplane evaluator (internal)", limits=None,
+                    base_model_access=True, actor=EVALUATOR,
+                )  # fmt: skip
+        except (Conflict, IntegrityError):
+            pass
     if tenants_repo.get_grant(session, EVAL_TENANT, adapter_id) is None:
-        tenant_svc.put_grant(session, EVAL_TENANT, adapter_id, rpm=None, tpm=None, actor=EVALUATOR)
+        try:
+            with session.begin_nested():
+                tenant_svc.put_grant(session, EVAL_TENANT, adapter_id, rpm=None, tpm=None, actor=EVALUATOR)
+        except IntegrityError:
+            pass
     issued = tenant_svc.issue_key(session, EVAL_TENANT, actor=EVALUATOR)
     return issued.key_id, issued.key
 
@@ -419,16 +431,30 @@ def _fail_row(session: Session, row: EvaluationRow, error: str) -> None:
     )
 
 
+def claim_unclaimed(session: Session, worker: str, limit: int) -> list[str]:
+    """Claim up to ``limit`` running evaluations no process runs yet (oldest first) for ``worker``."""
+    rows = repo.unclaimed(session, limit)
+    for row in rows:
+        row.worker, row.heartbeat_at = worker, utcnow()
+    repo.flush(session)
+    return [r.id for r in rows]
+
+
 def fail_stale(session: Session, stale_after_s: float) -> list[str]:
     """Fail every running evaluation whose heartbeat is older than ``stale_after_s`` (the process
     running it stopped); returns their ids."""
     cutoff: datetime = utcnow() - timedelta(seconds=stale_after_s)
     rows = repo.stale_running(session, cutoff)
     for row in rows:
-        _fail_row(
-            session,
-            row,
-            f"interrupted: the process running it ({row.worker}) stopped reporting for over "
-            f"{stale_after_s:g} s (restarted or killed); start a new evaluation",
-        )
+        if row.worker is None:
+            why = (
+                f"no evaluator picked it up within {stale_after_s:g} s (LORAPLANE_EVAL_IN_PROCESS is "
+                "false: is `loraplane serve --role evaluator` running?)"
+            )
+        else:
+            why = (
+                f"interrupted: the process running it ({row.worker}) stopped reporting for over "
+                f"{stale_after_s:g} s (restarted or killed); start a new evaluation"
+            )
+        _fail_row(session, row, why)
     return [r.id for r in rows]

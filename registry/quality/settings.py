@@ -36,5 +36,14 @@ class EvaluatorSettings(LoraplaneSettings):
         default=15.0, gt=0, description="How long a run waits for the gateway to accept its fresh tenant key."
     )
 
+    eval_in_process: bool = Field(
+        default=True,
+        description="The admin API process runs the evaluations it starts. false: it only records them "
+        "and `loraplane serve --role evaluator` processes pick them up.",
+    )
+    eval_max_runs: int = Field(
+        default=2, ge=1, le=64, description="Evaluations one `serve --role evaluator` process runs at once."
+    )
+
     def gateway_url(self) -> str | None:
         return self.eval_gateway_url.rstrip("/") if self.eval_gateway_url else None

@@ -4,6 +4,9 @@ run's hundreds of requests never share the admin API's loop), started with the a
 - :meth:`EvaluationWorker.submit` runs one evaluation (after its ``running`` row is committed):
   plan → evaluator key → :func:`registry.quality.runner.evaluate` → result and quality gate, or
   ``failed`` with the reason; the key is revoked in every case.
+- With ``LORAPLANE_EVAL_IN_PROCESS=false`` the admin API only records runs (no ``worker``);
+  ``loraplane serve --role evaluator`` (:func:`registry.quality.standalone.run_evaluator`) claims
+  them, at most ``eval_max_runs`` at a time per process.
 - Progress and a heartbeat go to the record at most every :data:`PROGRESS_EVERY_S` and at least
   every third of ``eval_stale_s``.
 - The sweeper fails runs whose heartbeat is older than ``eval_stale_s`` (their process was
@@ -15,6 +18,7 @@ run's hundreds of requests never share the admin API's loop), started with the a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -35,6 +39,7 @@ log = logging.getLogger("loraplane.registry.evaluator")
 
 T = TypeVar("T")
 PROGRESS_EVERY_S = 1.0
+CLAIM_EVERY_S = 1.0
 
 
 class Transaction(Protocol):
@@ -53,6 +58,7 @@ class EvaluationWorker:
         self._lock = threading.Lock()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._claimer: asyncio.Task[None] | None = None
 
     def config(self) -> RunConfig:
         s = self.settings
@@ -73,7 +79,9 @@ class EvaluationWorker:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def start(self) -> EvaluationWorker:
+    def start(self, *, claim: bool = False) -> EvaluationWorker:
+        """Start the thread and the sweeper; ``claim``: also pick up runs nobody runs yet
+        (``serve --role evaluator``)."""
         with self._lock:
             if self._thread is not None:
                 return self
@@ -89,11 +97,31 @@ class EvaluationWorker:
             self._thread = threading.Thread(target=main, name="loraplane-evaluator", daemon=True)
             self._thread.start()
             ready.wait(10)
-            self._sweeper = asyncio.run_coroutine_threadsafe(self._start_sweeper(), loop).result(10)
+            self._sweeper = asyncio.run_coroutine_threadsafe(self._start_sweeper(claim), loop).result(10)
         return self
 
-    async def _start_sweeper(self) -> asyncio.Task[None]:
+    async def _start_sweeper(self, claim: bool) -> asyncio.Task[None]:
+        if claim:
+            self._claimer = asyncio.create_task(self._claim_forever())
         return asyncio.create_task(self._sweep_forever())
+
+    def _claim(self, session: Session, *, limit: int) -> list[str]:
+        return service.claim_unclaimed(session, self.worker_id, limit)
+
+    async def _claim_forever(self) -> None:
+        """``serve --role evaluator``: claim unclaimed runs, at most ``eval_max_runs`` at once."""
+        while True:
+            room = self.settings.eval_max_runs - len(self._tasks)
+            if room > 0:
+                try:
+                    ids = await self._tx(functools.partial(self._claim, limit=room))
+                except Exception as e:
+                    log.warning("claiming evaluations failed: %s", e)
+                    ids = []
+                for eid in ids:
+                    log.info("evaluation %s claimed", eid)
+                    await self._spawn(eid)
+            await asyncio.sleep(CLAIM_EVERY_S)
 
     def stop(self) -> None:
         with self._lock:
@@ -110,8 +138,9 @@ class EvaluationWorker:
         loop.close()
 
     async def _shutdown(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for loop_task in (self._sweeper, self._claimer):
+            if loop_task is not None:
+                loop_task.cancel()
         tasks = list(self._tasks.items())
         for _, task in tasks:
             task.cancel()

@@ -287,3 +287,34 @@ def test_openapi_describes_the_quality_routes(qc: TestClient) -> None:
     assert set(put["requestBody"]["content"]) == {"application/jsonl", "application/json"}
     assert "post" in paths["/admin/v1/adapters/{adapter_id}/versions/{version}/evaluations"]
     assert "get" in paths["/admin/v1/adapters/{adapter_id}/versions/{version}/evaluations/{eval_id}"]
+
+
+def test_recorded_runs_wait_for_an_evaluator_process(
+    tmp_path: Path, db_url: str, engine: Engine, factory: Any
+) -> None:
+    """With LORAPLANE_EVAL_IN_PROCESS=false the admin API only records a run; a run no evaluator
+    claims fails visibly once stale, and an evaluator worker claims the next one."""
+    from registry.quality.standalone import transaction
+    from registry.quality.worker import EvaluationWorker
+
+    with _app(tmp_path, db_url, engine, eval_in_process=False, eval_stale_s=1.0) as c:
+        seed_adapter(c, "shop")
+        (v1,) = add_versions(factory, "shop", 1)
+        c.put(f"{V1}/adapters/shop/regression-set", content=jsonl(json_cases(1)), headers=JSONL)
+        path = f"{V1}/adapters/shop/versions/{v1}/evaluations"
+        first = c.post(path).json()["id"]
+        ev = _wait_done(c, f"{path}/{first}", timeout=30)
+        assert ev["status"] == "failed" and ev["error"].startswith("no evaluator picked it up within 1 s")
+
+    with _app(tmp_path, db_url, engine, eval_in_process=False) as c:
+        second = c.post(f"{V1}/adapters/shop/versions/{v1}/evaluations").json()["id"]
+        time.sleep(0.5)
+        assert c.get(f"{path}/{second}").json()["status"] == "running"  # nobody runs it here
+        url = f"http://127.0.0.1:{free_port()}"
+        worker = EvaluationWorker(EvaluatorSettings(eval_gateway_url=url), transaction(engine, None))
+        worker.start(claim=True)
+        try:
+            ev = _wait_done(c, f"{path}/{second}", timeout=30)
+        finally:
+            worker.stop()
+        assert ev["status"] == "failed" and f"cannot reach the gateway at {url}" in ev["error"]
