@@ -130,7 +130,18 @@ class GatewayApp:
                 return await self._plain_error(
                     send, headers, GatewayError(405, "method_not_allowed", "use POST")
                 )
-            return await self.completion(endpoint, receive, send, headers)
+            gw = self.gw
+            if gw.draining:  # SIGTERM: nothing new is admitted; requests in flight finish
+                return await self._plain_error(
+                    send,
+                    headers,
+                    GatewayError(503, "draining", "This gateway is shutting down; retry.", retry_after=1),
+                )
+            gw.active += 1
+            try:
+                return await self.completion(endpoint, receive, send, headers)
+            finally:
+                gw.active -= 1
         if method not in ("GET", "HEAD"):
             if path in ("/v1/models", "/healthz", "/readyz", "/metrics", "/openapi.json"):
                 return await self._plain_error(
@@ -153,7 +164,10 @@ class GatewayApp:
         return await self._plain_error(send, headers, GatewayError(404, "not_found", f"no route {path}"))
 
     async def _plain_error(self, send: Send, headers: dict[bytes, bytes], err: GatewayError) -> None:
-        await send_bytes(send, err.status, err.body(), [(b"x-request-id", _request_id(headers))])
+        out = [(b"x-request-id", _request_id(headers))]
+        if err.retry_after is not None:
+            out.append((b"retry-after", str(err.retry_after).encode()))
+        await send_bytes(send, err.status, err.body(), out)
 
     # ------------------------------------------------------------------ completions
 

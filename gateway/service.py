@@ -7,6 +7,7 @@ requests waiting for a cold load.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import random
@@ -98,6 +99,7 @@ class Gateway:
         self.rand = rand
         self.limiter_down = False  # last rate-limit store call failed
         self.draining = False  # shutting down: /readyz fails so load balancers stop sending
+        self.active = 0  # completion requests in flight (streams included)
         self._started = False
 
     async def start(self) -> None:
@@ -120,6 +122,19 @@ class Gateway:
             await self.limiter.close()
         with contextlib.suppress(Exception):
             await self.canary.close()
+
+    async def drain(self, timeout_s: float) -> int:
+        """SIGTERM (SPEC §18): fail /readyz and refuse new requests at once, then wait up to
+        ``timeout_s`` for the requests in flight to finish. Returns how many were still going."""
+        self.draining = True
+        log.warning("draining", extra={"in_flight": self.active, "timeout_s": timeout_s})
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.active > 0 and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.active:
+            log.warning("drain time over; requests still in flight are cut", extra={"in_flight": self.active})
+        return self.active
 
     def healthy_replicas(self) -> int:
         return self.router.healthy_count()

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import gc
 import signal
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Literal
 
 import uvicorn
@@ -65,8 +65,14 @@ def make_server(
     return QuietServer(config)
 
 
-async def serve_all(servers: list[QuietServer], stop: asyncio.Event | None = None) -> None:
-    """Serve until SIGINT/SIGTERM (or ``stop``), then shut every server down."""
+async def serve_all(
+    servers: list[QuietServer],
+    stop: asyncio.Event | None = None,
+    *,
+    drain: Callable[[], Awaitable[object]] | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM (or ``stop``), then ``drain`` (still serving: the gateway fails
+    /readyz, refuses new requests and lets those in flight finish), then shut every server down."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -75,6 +81,8 @@ async def serve_all(servers: list[QuietServer], stop: asyncio.Event | None = Non
     tasks = [asyncio.create_task(s.serve()) for s in servers]
     waiter = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+    if drain is not None and waiter in done:
+        await drain()
     for s in servers:
         s.should_exit = True
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -37,6 +37,12 @@ class GatewaySettings(LoraplaneSettings):
         description="Upper bound on waiting for the router to start an answer (placement, load, first "
         "byte); 504 `upstream_timeout` after it.",
     )
+    drain_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="On SIGTERM: /readyz fails at once and new requests get 503 `draining`; requests and "
+        "streams in flight get this long to finish before the process exits (status 0).",
+    )
     default_max_tokens: int = Field(
         default=256,
         description="Completion tokens reserved against the tpm limit at admission when the request "

@@ -141,7 +141,14 @@ async def run_serve(role: Role) -> None:
             )
         )
     try:
-        await serve_all(servers)
+        drain = None
+        if gateway is not None:
+            gw = gateway
+
+            async def drain() -> None:
+                await gw.drain(gw.settings.drain_s)
+
+        await serve_all(servers, drain=drain)
     finally:
         if analyser is not None:
             await analyser.stop()
