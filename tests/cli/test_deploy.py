@@ -111,7 +111,7 @@ def _settings_fields() -> set[str]:
 
 def _code_metric_names() -> set[str]:
     names: set[str] = set()
-    for pkg in ("gateway", "router"):
+    for pkg in ("gateway", "router", "registry/canary"):  # canary analysis: on the gateway's /metrics
         for path in (ROOT / pkg).rglob("*.py"):
             names |= set(re.findall(r"[\"'](loraplane_[a-z0-9_]+)[\"']", path.read_text()))
     return names
