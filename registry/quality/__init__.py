@@ -11,4 +11,7 @@
   each arm, bounded concurrency, progress in the record, the verdict sets the quality gate
 - :mod:`registry.quality.worker`   the background worker of the admin API process (its own
   thread and event loop) and the stale-run sweeper
+- :mod:`registry.quality.standalone` ``loraplane serve --role evaluator``: a worker that claims
+  the runs an admin API with ``LORAPLANE_EVAL_IN_PROCESS=false`` records
+- :mod:`registry.quality.settings` ``EvaluatorSettings`` (``LORAPLANE_EVAL_*``)
 """
