@@ -26,6 +26,7 @@ A = f"{V1}/adapters/support"
 RECORD_FIELDS = {
     "id", "base_model", "owner", "description", "status", "active_version", "canary_version",
     "canary_weight", "hot", "on_load_failure", "approvals_required", "limits", "created_at",
+    "canary_policy",
 }  # fmt: skip
 
 

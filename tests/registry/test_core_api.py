@@ -163,7 +163,7 @@ def test_records_and_pagination(client: TestClient, factory: Any) -> None:
         assert set(rec) == {
             "id", "base_model", "owner", "description", "status",
             "active_version", "canary_version", "canary_weight", "hot", "on_load_failure",
-            "approvals_required", "limits", "created_at",
+            "approvals_required", "limits", "created_at", "canary_policy",
         }  # fmt: skip
         assert rec["created_at"].endswith("Z") or rec["created_at"].endswith("+00:00")
     seen: list[str] = []
