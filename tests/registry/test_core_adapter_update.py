@@ -172,7 +172,7 @@ def test_openapi_describes_patch(client: TestClient) -> None:
     ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     schema = doc["components"]["schemas"][ref.rsplit("/", 1)[-1]]
     assert set(schema["properties"]) == {
-        "description", "owner", "hot", "approvals_required", "on_load_failure", "limits"
+        "description", "owner", "hot", "approvals_required", "on_load_failure", "limits", "canary_policy"
     }  # fmt: skip
     assert schema.get("additionalProperties") is False
     assert "200" in op["responses"] and "422" in op["responses"] and "404" in op["responses"]
