@@ -8,6 +8,7 @@ Two field types for request schemas, one JSON walker and one ASGI middleware:
   characters in names break logs, terminals and the console.
 - :data:`Int32` — a strict integer that fits a 32-bit ``INTEGER`` column (PostgreSQL answers
   "integer out of range" otherwise); fields add their own ``ge``/``le`` on top.
+  :data:`UtcDatetime` / :func:`utc_time` — a time that UTC can hold (``since`` filters).
 - :func:`json_problem` — the first problem in a parsed JSON value: nested deeper than
   ``MAX_JSON_DEPTH``, a string or key with NUL / control characters or a lone surrogate (JSON's
   ``"\ud800"``: neither database can encode it), a non-finite number.
@@ -27,6 +28,7 @@ import json
 import math
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
+from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
@@ -97,6 +99,22 @@ def _int32(value: int) -> int:
 # A validator, not Field(ge=, le=): a field's own ``Field(ge=1, le=100)`` would replace those
 # bounds instead of adding to them.
 Int32 = Annotated[int, Strict(), AfterValidator(_int32)]
+
+
+def utc_time(value: datetime) -> datetime:
+    """``value`` in UTC (naive times are UTC); ``ValueError`` when UTC cannot hold it (an offset
+    past year 1 or 9999, which the databases' drivers would fail on: a 500 before)."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    try:
+        out = value.astimezone(UTC)
+        out.timestamp()  # the drivers' conversion overflows here too
+    except (OverflowError, ValueError, OSError):
+        raise ValueError("time out of range (years 1 to 9999 in UTC)") from None
+    return out
+
+
+UtcDatetime = Annotated[datetime, AfterValidator(utc_time)]
 
 
 def json_problem(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> tuple[str, str] | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Annotated, Any
 
 import anyio.to_thread
@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from kit.errors import Conflict, Unavailable
+from kit.inputs import UtcDatetime
 from registry.api.deps import read, state_of
 from registry.api.schemas import AuditOut, AuditPage, PrewarmBody, ReplicaList
 from registry.api.scopes import OWNER_OF_ADAPTER
@@ -32,7 +33,7 @@ def list_audit(
     action: str | None = None,
     subject_type: str | None = None,
     subject_id: str | None = None,
-    since: Annotated[datetime | None, Query(description="ISO 8601; naive times are UTC.")] = None,
+    since: Annotated[UtcDatetime | None, Query(description="ISO 8601; naive times are UTC.")] = None,
 ) -> AuditPage:
     """Audit events, oldest first."""
     if since is not None and since.tzinfo is None:

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from kit.errors import InvalidRequest
+from kit.inputs import INT32_MAX, INT32_MIN, parse_json, text_problem
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
@@ -47,10 +48,15 @@ def decode_cursor(cursor: str | None, kind: type) -> Any:
         return None
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        key = json.loads(raw)["k"]
+        key = parse_json(raw)["k"]  # a nesting too deep is a ValueError here, not a RecursionError
     except (binascii.Error, ValueError, KeyError, TypeError, UnicodeDecodeError):
         raise InvalidRequest("invalid cursor", details={"field": "cursor"}) from None
     if not isinstance(key, kind) or isinstance(key, bool):
+        raise InvalidRequest("invalid cursor", details={"field": "cursor"})
+    # a forged cursor: a key no row can have (NUL, a lone surrogate, past the INTEGER column)
+    if (isinstance(key, str) and text_problem(key) is not None) or (
+        isinstance(key, int) and not INT32_MIN <= key <= INT32_MAX
+    ):
         raise InvalidRequest("invalid cursor", details={"field": "cursor"})
     return key
 

@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from kit.errors import InvalidRequest, LoraplaneError
+from kit.inputs import utc_time
 from registry.repositories import selection
 from registry.services import lifecycle
 from registry.services.adapters import adapter_row
@@ -95,8 +96,8 @@ def parse_selector(raw: Any) -> Selector:
         )
     if kind == "promoted_since":
         try:
-            since = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
+            since = utc_time(datetime.fromisoformat(value.replace("Z", "+00:00")))
+        except ValueError:  # not ISO 8601, or out of range in UTC
             raise InvalidRequest(
                 "selector.promoted_since must be an ISO 8601 time",
                 details={"field": "selector.promoted_since"},

@@ -7,6 +7,7 @@ finding 7), or would have been."""
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 from collections.abc import Iterator
@@ -285,3 +286,29 @@ def test_hostile_safetensors_header_is_invalid_adapter(c: TestClient, tmp_path: 
         weights.write_bytes(struct.pack("<Q", len(text)) + text.encode() + data)
         assert "adapter_model.safetensors" in _problems(_upload(c, d))
     assert _state(c) == before
+
+
+def _cursor(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    ("path", "raw"),
+    [
+        ("/adapters", b'{"k": "a\\u0000"}'),  # a key no row has, reaching PostgreSQL with a NUL
+        ("/tenants", b'{"k": "\\ud800"}'),  # a lone surrogate: neither database can encode it
+        ("/principals", b'{"k": ' + b"[" * 3000 + b"]" * 3000 + b"}"),  # RecursionError
+        ("/audit", b'{"k": 100000000000000000000000000000}'),  # past the INTEGER id
+        ("/adapters/ad/versions", b'{"k": -2147483649}'),
+    ],
+)
+def test_forged_cursors_are_422(c: TestClient, path: str, raw: bytes) -> None:
+    _refused(c.get(V1 + path, params={"cursor": _cursor(raw)}), 422, "cursor")
+
+
+def test_times_utc_cannot_hold_are_422(c: TestClient) -> None:
+    for since in ("9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+23:59"):
+        _refused(c.get(f"{V1}/audit", params={"since": since}), 422, "since")
+        body = {"selector": {"promoted_since": since}, "dry_run": True}
+        _refused(c.post(f"{V1}/bulk/disable", json=body), 422, "promoted_since")
+    assert c.get(f"{V1}/audit", params={"since": "0001-01-01"}).status_code == 200
