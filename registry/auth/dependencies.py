@@ -74,7 +74,7 @@ async def _json_body(request: Request) -> Any:
     try:
         raw = await request.body()
         return json.loads(raw) if raw else None
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past json's recursion: the route says
         return None
 
 

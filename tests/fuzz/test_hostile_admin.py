@@ -312,3 +312,12 @@ def test_times_utc_cannot_hold_are_422(c: TestClient) -> None:
         body = {"selector": {"promoted_since": since}, "dry_run": True}
         _refused(c.post(f"{V1}/bulk/disable", json=body), 422, "promoted_since")
     assert c.get(f"{V1}/audit", params={"since": "0001-01-01"}).status_code == 200
+
+
+def test_deep_json_under_a_multipart_type_is_422(c: TestClient) -> None:
+    """Multipart bodies skip the input guard (uploads stream); the permission check that reads a
+    route's JSON body must still not fall over on a nesting deeper than json's recursion."""
+    h = {"content-type": "multipart/form-data; boundary=xyz"}
+    for path in ("/bulk/disable", "/tenants", "/adapters/ad/versions/v1/promote"):
+        r = c.post(V1 + path, content=b"[" * 100_000, headers=h)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
