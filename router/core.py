@@ -20,6 +20,7 @@ import aiohttp
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
+from kit.aio import cancel_all
 from registry.audit_sink import AuditSink
 from registry.replicas import ReplicaDirectory
 from registry.snapshot import RoutingSnapshot, VersionInfo
@@ -47,7 +48,7 @@ from router.sender import Sender
 from router.settings import RouterSettings
 from router.shared_view import SharedView
 from router.staging import ReadableStore, make_stagers
-from router.store import ReplicaState, ReplicaStore, cancel_all, parse_lora_name
+from router.store import ReplicaState, ReplicaStore, parse_lora_name
 from router.unloader import Unloader
 
 log = logging.getLogger("loraplane.router")

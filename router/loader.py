@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kit.aio import cancel_all
 from registry.snapshot import VersionInfo
 from router.audit import RouterAudit
 from router.cluster import ClusterState, LoadCaps
@@ -30,7 +31,7 @@ from router.contract import NoCapacity
 from router.metrics import RouterMetrics
 from router.settings import RouterSettings
 from router.staging import HashMismatch, Stager, StagingError
-from router.store import ReplicaState, ReplicaStore, Residency, cancel_all
+from router.store import ReplicaState, ReplicaStore, Residency
 from router.unloader import Unloader
 
 log = logging.getLogger("loraplane.router.loader")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from kit.aio import cancel_all
 from router.drivers import DriverError, EngineDriver, MetricsSample, ModelsInfo
 from router.metrics import RouterMetrics
 from router.placement.types import ReplicaView, ResidencyState, Resident
@@ -33,20 +34,6 @@ log = logging.getLogger("loraplane.router.store")
 LORA_NAME_RE = re.compile(
     r"^(?P<adapter>[a-z0-9][a-z0-9._-]{0,62})@(?P<version>v[1-9][0-9]{0,8})-(?P<sha>[0-9a-f]{8})$"
 )
-
-
-async def cancel_all(tasks: list[asyncio.Task[Any]], timeout: float = 5.0) -> None:
-    """Cancel ``tasks`` and wait for them, bounded (re-cancelling stragglers once)."""
-    live = [t for t in tasks if not t.done()]
-    for _ in range(2):
-        if not live:
-            return
-        for t in live:
-            t.cancel()
-        _, pending = await asyncio.wait(live, timeout=timeout)
-        live = list(pending)
-    if live:
-        log.warning("tasks did not stop", extra={"tasks": [t.get_name() for t in live]})
 
 
 def parse_lora_name(name: str) -> tuple[str, str] | None:

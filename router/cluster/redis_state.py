@@ -26,6 +26,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from kit.aio import cancel_all
 from router.cluster import lua
 from router.cluster.base import Claim, LoadCaps, ReplicaShare, SharedRecord
 from router.cluster.marks import MarkBook
@@ -134,11 +135,7 @@ class RedisCluster:
         self._tasks.append(asyncio.create_task(self._flush_loop(), name="cluster-unmark"))
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_all(self._tasks)
         self._tasks.clear()
         with contextlib.suppress(RedisError, OSError):  # a goodbye: our marks and leases go at once
             async with self._redis.pipeline(transaction=False) as pipe:
