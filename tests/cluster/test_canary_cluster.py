@@ -2,8 +2,9 @@
 simulator replicas with simulated behaviours, one ``serve --role registry`` and two ``serve
 --role gateway`` processes (each runs an analyser; the Redis lease lets one act).
 
-- ``bad``: v1 answers 1 % errors, its canary v2 6 % (5 points worse): aborted by itself within
-  its window, evidence in the audit event, counted from both gateways' traffic.
+- ``bad``: v1 answers 1 % errors, its canary v2 6 % (5 points worse, as the client sees them):
+  aborted by itself within its window, evidence in the audit event, counted from both gateways'
+  traffic.
 - ``good``: a healthy canary with ``auto_promote_after_s`` is promoted exactly once cluster-wide.
 """
 
@@ -27,7 +28,11 @@ from tests.gateway.gw_platform import Platform, run_platform
 
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]
 
-BEHAVIOURS = {"bad@v1-*": {"error_rate": 0.01}, "bad@v2-*": {"error_rate": 0.06}}
+# The router retries a replica's 5xx once on the other replica, so a client sees an error only
+# when both attempts fail: 0.1 and 0.245 per attempt are 1 % and 6 % of answers (a 0.01 / 0.06
+# per-attempt pair gave the analyser 0.03 % against 0.38 %). Streams would not hide them, but an
+# in-band error event of a replica's stream is not yet told apart from a good end by the router.
+BEHAVIOURS = {"bad@v1-*": {"error_rate": 0.1}, "bad@v2-*": {"error_rate": 0.245}}
 WINDOW_S = 120.0
 MSG = [{"role": "user", "content": "hello"}]
 
@@ -41,7 +46,8 @@ def platform(s3_server: ls.S3Server, redis_url: str) -> Iterator[tuple[Platform,
             redis_url,
             gateways=2,
             sim_args=("--zero-latency", "--behaviours", json.dumps(BEHAVIOURS)),
-            env={"LORAPLANE_REDIS_PREFIX": prefix},
+            # the canary's failures must not take replicas out of rotation (3 in a row would)
+            env={"LORAPLANE_REDIS_PREFIX": prefix, "LORAPLANE_OUTLIER_FAILURES": "1000"},
         ) as p:
             a = p.admin
             a.create_tenant("acme")
@@ -143,6 +149,8 @@ def test_a_canary_five_points_worse_is_aborted_and_a_healthy_one_promoted_once(
     assert d["version"] == "v2" and d["reasons"] == ["error_rate"]
     assert d["canary"]["requests"] >= 100 and d["active"]["requests"] >= 100
     assert d["canary"]["error_rate"] > d["active"]["error_rate"]
+    # about 5 points (an early look fires when the sample gap is large, so allow for that)
+    assert 0.02 < d["canary"]["error_rate"] - d["active"]["error_rate"] < 0.15
     assert d["tests"]["error_rate"]["p_value"] < d["alpha"]
     bad = p.admin.get_adapter("bad")
     assert bad["canary_version"] is None and bad["active_version"] == "v1"
