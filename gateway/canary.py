@@ -3,9 +3,11 @@
 Only requests for an adapter that has a canary when they are resolved are counted, for the
 version that served them (the canary and the active arm alike). An answer counts as an *error*
 when it is a 5xx (replica errors, wrong-adapter answers — the router turns those into 502 — and
-timeouts, streams that ended in an error event included); 4xx answers (the client's fault, rate
-limits) and client disconnects (499) are not counted at all. An answer that another version
-served (the adapter's load-failure fallback, SPEC §15) is an error of the version asked for.
+timeouts, streams the router ended with an error event included — a replica's own in-band error
+event followed by its ``[DONE]`` is not told apart from a good end yet); 4xx answers (the
+client's fault, rate limits) and client disconnects (499) are not counted at all. An answer
+that another version served (the adapter's load-failure fallback, SPEC §15) is an error of the
+version asked for.
 TTFT is the first streamed chunk for streams and the whole answer otherwise (the first byte the
 client gets); answers that waited for a cold load give no TTFT sample (a canary's first answers
 would otherwise carry its load time, and a p99 over few answers is their maximum).
