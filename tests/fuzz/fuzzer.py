@@ -75,9 +75,24 @@ def client_sender(client: Client, auth: Mapping[str, str]) -> Send:
             kw.pop("cookies", None)
         if isinstance(kw.get("data"), bytes | str):  # requests' raw body is httpx's content
             kw["content"] = kw.pop("data")
+        if kw.get("files"):
+            kw["files"] = [(name, _part(value)) for name, value in kw["files"]]
         return client.request(**kw)
 
     return send
+
+
+def _part(value: Any) -> Any:
+    """A multipart part as httpx can send it: requests-style data (numbers, strings with lone
+    surrogates) as bytes — else the client itself fails, inside the ASGI transport."""
+    if not isinstance(value, tuple) or len(value) < 2:
+        return value
+    content = value[1]
+    if isinstance(content, str):
+        content = content.encode("utf-8", "surrogatepass")
+    elif isinstance(content, int | float):
+        content = str(content).encode()
+    return (value[0], content, *value[2:])
 
 
 def fuzz(
