@@ -291,7 +291,7 @@ class Loader:
             if failure == "replica_down":
                 self._store.mark_failure(rep, res.message, immediate=True)
             else:
-                self._store.note_failure(rep, f"load of {name} failed ({failure})")
+                self._store.note_failure(rep, f"load of {name} failed ({failure})", name)
             await self._failed(rep, version, labels, details, t0, failure, res.message, res.retry_elsewhere)
             raise LoadError(
                 f"load of {version.adapter_id} {version.version} on {rep.url} failed "

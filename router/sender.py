@@ -30,7 +30,7 @@ class ReplicaHealth(Protocol):
 
     def note_success(self, rep: ReplicaState) -> None: ...
 
-    def note_failure(self, rep: ReplicaState, error: str) -> None: ...
+    def note_failure(self, rep: ReplicaState, error: str, model: str | None = None) -> None: ...
 
 
 class Sender:
@@ -96,7 +96,8 @@ class Sender:
             else:
                 result = await self._exchange(rep, req, model, body, cold, queue_s, end)
         except Retryable as exc:
-            self._health.note_failure(rep, exc.message)
+            # an answer (5xx, adapter missing) is about this model; no answer is about the replica
+            self._health.note_failure(rep, exc.message, model if exc.answered else None)
             raise
         except TimeoutError:  # the stream's first event did not come in time
             self._health.note_failure(rep, "first-byte timeout")
@@ -140,8 +141,8 @@ class Sender:
                 text = await resp.read()
                 resp.release()
                 if kind == "adapter_missing":
-                    raise Retryable(f"replica does not know {model}", adapter_missing=True)
-                raise Retryable(f"replica answered HTTP {status}: {text[:200]!r}")
+                    raise Retryable(f"replica does not know {model}", adapter_missing=True, answered=True)
+                raise Retryable(f"replica answered HTTP {status}: {text[:200]!r}", answered=True)
             rewriter = make_rewriter(model, req.client_model)
             out_headers = {"content-type": resp.headers.get("Content-Type", "application/json")}
             result = ForwardResult(

@@ -161,6 +161,7 @@ class ReplicaState:
     polled: asyncio.Event = field(default_factory=asyncio.Event)
     # passive outlier detection: consecutive failed requests/loads; out of rotation until then
     consecutive_failures: int = 0
+    failed_models: set[str] = field(default_factory=set)  # what those failures were for ("*": the replica)
     ejected_until: float = 0.0
     # requests sent here still waiting for their first byte (aborted when the replica is ejected)
     pending: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -378,13 +379,21 @@ class ReplicaStore:
         """A request or load succeeded there: the outlier count starts again."""
         if rep.consecutive_failures:
             rep.consecutive_failures = 0
+            rep.failed_models.clear()
 
-    def note_failure(self, rep: ReplicaState, error: str) -> None:
-        """A request or load failed because of the replica; after ``outlier_failures`` in a row it
-        leaves rotation for at least ``outlier_cooloff_s`` (passive outlier detection)."""
+    def note_failure(self, rep: ReplicaState, error: str, model: str | None = None) -> None:
+        """A request or load failed there; after ``outlier_failures`` in a row the replica leaves
+        rotation for at least ``outlier_cooloff_s`` (passive outlier detection) — when the failures
+        are the replica's: a connection or first-byte failure (``model`` None), or answers for at
+        least two different models. One adapter that keeps failing (a bad version, a canary's
+        errors) does not take the replica away from every other adapter."""
         rep.consecutive_failures += 1
-        if rep.consecutive_failures >= self._settings.outlier_failures:
+        rep.failed_models.add(model or "*")
+        if rep.consecutive_failures >= self._settings.outlier_failures and (
+            "*" in rep.failed_models or len(rep.failed_models) >= 2
+        ):
             rep.consecutive_failures = 0
+            rep.failed_models.clear()
             rep.ejected_until = self._clock() + self._settings.outlier_cooloff_s
             self.mark_failure(
                 rep, f"{self._settings.outlier_failures} failures in a row, last: {error}", immediate=True

@@ -75,12 +75,14 @@ class Retryable(Exception):
         replica_down: bool = False,
         adapter_missing: bool = False,
         timeout: bool = False,
+        answered: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.replica_down = replica_down
         self.adapter_missing = adapter_missing
         self.timeout = timeout
+        self.answered = answered  # the replica answered (5xx, unknown model): about this model
 
 
 class EngineDriver(Protocol):

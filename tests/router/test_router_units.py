@@ -151,3 +151,31 @@ def test_settings_pools_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert pool.staging.token.get_secret_value() == "s3cret"
     with pytest.raises(ValueError):
         PoolConfig(urls=["http://a:1"], dns="b:2")
+
+
+async def test_outliers_are_replicas_failing_for_more_than_one_model() -> None:
+    """One adapter that keeps failing (a bad version, a canary's 5xx) never ejects the replica
+    from every other adapter; failures for two models, or without an answer, do."""
+    from prometheus_client import CollectorRegistry
+
+    from router.metrics import RouterMetrics
+    from router.store import ReplicaState, ReplicaStore
+
+    pool = PoolConfig(name="p", base_model="demo-base", urls=["http://10.0.0.9:8000"])
+    settings = RouterSettings(pools=[pool], outlier_failures=3, outlier_cooloff_s=60)
+    store = ReplicaStore(
+        settings, {}, clock=lambda: 100.0, wall=lambda: 100.0, metrics=RouterMetrics(CollectorRegistry())
+    )
+    rep = ReplicaState(url="http://10.0.0.9:8000", pool=pool, driver=None, healthy=True)  # type: ignore[arg-type]
+    for _ in range(10):
+        store.note_failure(rep, "replica answered HTTP 500", "bad@v2-00000000")
+    assert rep.healthy
+    store.note_failure(rep, "replica answered HTTP 500", "other@v1-00000000")
+    assert not rep.healthy and rep.ejected_until == 160.0
+    rep.healthy = True
+    store.note_success(rep)
+    for _ in range(2):
+        store.note_failure(rep, "connection reset")
+    assert rep.healthy
+    store.note_failure(rep, "first-byte timeout")
+    assert not rep.healthy
