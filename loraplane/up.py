@@ -274,6 +274,14 @@ async def run_up(
             stop.set()
             await serving
             raise
+        from gateway.canary import MemoryCanaryCounters
+        from registry.canary.wiring import start_analyser
+
+        analyser = start_analyser(  # canary analysis (SPEC §16) in this process, on its counters
+            engine,
+            promotion_ttl_s=reg_settings.promotion_ttl_s,
+            local_counters=gateway.canary if isinstance(gateway.canary, MemoryCanaryCounters) else None,
+        )
         gw_url, admin_url = f"http://{host}:{port}", f"http://{host}:{admin_port}"
         print(f"gateway   {gw_url}/v1   (OpenAI-compatible)", flush=True)
         print(f"admin API {admin_url}/admin/v1", flush=True)
@@ -297,6 +305,8 @@ async def run_up(
             print("\nopenai example (python):\n# --- openai example ---\n" + py + "# --- end ---", flush=True)
         print("\nloraplane is up — Ctrl-C to stop.", flush=True)
         await serving
+        if analyser is not None:
+            await analyser.stop()
         traffic.close()
     finally:
         print("stopping …", flush=True)
