@@ -418,6 +418,7 @@ def main() -> None:
             "rows": rows,
             "throughput_ratio_median": ratio,
             "throughput_ratio_like_for_like_per_round": [round(r, 3) for r in ratios],
+            "throughput_ratio_like_for_like_median_of_rounds": round(statistics.median(ratios), 3),
             "registry_rss": rss,
             "rss_growth_mb": growth,
             "targets": {"rss_growth_mb_lt": 100, "throughput_ratio_like_for_like_ge": 0.9},
@@ -440,7 +441,10 @@ def main() -> None:
             used = {p: statistics.median(x[p] for x in cpu[k]) for p in parties}
             print(f"  CPU s (median) during {k}: " + ", ".join(f"{p} {v:.2f}" for p, v in used.items()))
         per_round = result["throughput_ratio_like_for_like_per_round"]
-        print(f"registry / boto3 like the registry, per round: {per_round} (target ≥ 0.90 on the median)")
+        print(
+            f"registry / boto3 like the registry, per round: {per_round}, median "
+            f"{statistics.median(ratios):.2f} (target ≥ 0.90)"
+        )
         print(f"registry RSS growth {growth:.1f} MB (target < 100 MB; baseline {rss[0]['baseline_mb']} MB)")
         print(f"load average at start {load_start}, at end {load_end} ({os.cpu_count()} CPUs)")
         args.out.parent.mkdir(parents=True, exist_ok=True)
