@@ -248,7 +248,7 @@ def setup_platform(
             a.promote(aid, v["version"])
             names.append(f"demo-base:{aid}")
         a.create_tenant(
-            "bench", limits={"rpm": 100_000_000, "tpm": 10_000_000_000, "max_concurrency": 100_000}
+            "bench", limits={"rpm": 100_000_000, "tpm": 2_000_000_000, "max_concurrency": 100_000}
         )
         for i in range(adapters):
             a.put_grant("bench", f"bench-{i}")
