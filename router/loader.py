@@ -26,8 +26,10 @@ from typing import Any
 from kit.aio import cancel_all
 from registry.snapshot import VersionInfo
 from router.audit import RouterAudit
-from router.cluster import ClusterState, LoadCaps
+from router.claims import SlotClaims
+from router.cluster import ClusterState
 from router.contract import NoCapacity
+from router.errors import LoadError
 from router.metrics import RouterMetrics
 from router.settings import RouterSettings
 from router.staging import HashMismatch, Stager, StagingError
@@ -35,18 +37,6 @@ from router.store import ReplicaState, ReplicaStore, Residency
 from router.unloader import Unloader
 
 log = logging.getLogger("loraplane.router.loader")
-
-POLL_S = 0.05  # how often a process waiting for another one's load looks at its record
-
-
-class LoadError(Exception):
-    """A load did not succeed; ``retry_elsewhere`` says whether another replica may help."""
-
-    def __init__(self, message: str, *, failure: str, retry_elsewhere: bool) -> None:
-        super().__init__(message)
-        self.message = message
-        self.failure = failure
-        self.retry_elsewhere = retry_elsewhere
 
 
 class Loader:
@@ -73,7 +63,7 @@ class Loader:
         self._clock = clock
         self._wall = wall
         self._flights: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._queued: set[tuple[str, str]] = set()  # loads waiting for a slot (LoadCaps)
+        self._claims = SlotClaims(settings, cluster, metrics, clock=clock, wall=wall)
         self._waiters: dict[str, int] = {}
         self._bg: set[asyncio.Task[Any]] = set()
 
@@ -110,7 +100,7 @@ class Loader:
             try:
                 await asyncio.wait_for(asyncio.shield(task), self._settings.load_timeout_s)
             except TimeoutError as exc:
-                if (rep.url, name) in self._queued:  # never got a load slot: the queue is full
+                if self._claims.queued(rep.url, name):  # never got a load slot: the queue is full
                     self._metrics.placement.labels(outcome="load_queue_full").inc()
                     raise NoCapacity(
                         f"adapter {version.adapter_id} waited {self._settings.load_timeout_s:.0f}s for a "
@@ -162,7 +152,7 @@ class Loader:
         try:
             await self._run(rep, version, candidates)
         except BaseException as exc:
-            self._queued.discard((rep.url, version.lora_name))
+            self._claims.unqueue(rep.url, version.lora_name)
             self._fail(
                 rep, version.lora_name, exc.failure if isinstance(exc, LoadError) else type(exc).__name__
             )
@@ -171,50 +161,10 @@ class Loader:
     async def _run(self, rep: ReplicaState, version: VersionInfo, candidates: tuple[str, ...]) -> None:
         """Claim the load cluster-wide (or wait for the process that has it), then load."""
         name = version.lora_name
-        since = self._wall()  # a failure recorded after this is the load we joined
-        deadline = self._clock() + self._settings.load_timeout_s
-        while True:
-            claim = await self._cluster.claim(
-                rep.url, name, rep.pool.max_adapters, candidates, since, self._caps(rep)
-            )
-            if claim.outcome == "reserved":
-                self._queued.discard((rep.url, name))
-                break
-            if claim.outcome == "busy":  # the replica's or pool's loads in flight are at their cap
-                if self._clock() > deadline:
-                    raise NoCapacity(
-                        f"too many adapter loads in flight ({claim.busy} cap); retry shortly",
-                        retry_after=2,
-                    )
-                self._queued.add((rep.url, name))
-                await asyncio.sleep(POLL_S)
-                continue
-            self._queued.discard((rep.url, name))
-            rec = claim.record
-            if claim.outcome == "failed" and rec is not None:
-                raise LoadError(
-                    f"load failed in another gateway process: {rec.reason}",
-                    failure=rec.failure or "other",
-                    retry_elsewhere=rec.retry_elsewhere,
-                )
-            if claim.outcome == "full":
-                self._metrics.placement.labels(outcome="no_room").inc()
-                raise LoadError(
-                    f"no room on {rep.url}: every adapter there is in use",
-                    failure="no_room",
-                    retry_elsewhere=True,
-                )
-            if rec is not None and rec.state == "resident":
-                self._record(rep, version, "resident")
-                return
-            if rec is not None and rec.pid == self._cluster.pid and rec.state in ("staging", "loading"):
-                await self._cluster.drop(rep.url, name)  # left by an earlier attempt of ours: stale
-                continue
-            if self._clock() > deadline:
-                raise LoadError(
-                    "timed out waiting for another process's load", failure="timeout", retry_elsewhere=True
-                )
-            await asyncio.sleep(POLL_S)
+        claim = await self._claims.reserve(rep, name, candidates)
+        if claim is None:  # another process loaded it meanwhile
+            self._record(rep, version, "resident")
+            return
         try:
             for victim in claim.evict:
                 self._metrics.placement.labels(outcome="evict").inc()
@@ -228,10 +178,6 @@ class Loader:
             await self._cluster.drop(rep.url, name)
             raise
         await self._load(rep, version)
-
-    def _caps(self, rep: ReplicaState) -> LoadCaps:
-        s = self._settings
-        return LoadCaps(s.max_loads_per_replica, s.max_loads_per_pool, rep.pool.name)
 
     # ------------------------------------------------------------------ the load itself
 

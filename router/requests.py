@@ -17,8 +17,9 @@ from collections.abc import Callable
 from router.cluster import ClusterState
 from router.contract import AdapterLoadFailed, ForwardRequest, ForwardResult, NoCapacity, UpstreamError
 from router.drivers import Retryable
+from router.errors import LoadError
 from router.hotness import HotSet
-from router.loader import Loader, LoadError
+from router.loader import Loader
 from router.planner import ColdSlotsFull, Planner
 from router.sender import Sender
 from router.store import ReplicaState, ReplicaStore
