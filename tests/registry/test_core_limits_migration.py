@@ -12,25 +12,14 @@ from alembic import command
 from kit import localservices as ls
 from kit.db import make_engine
 from registry import migrate
+from tests.registry.migration_support import seed_adapter_rows
 
 BEFORE = "0004"
 
 
 def _seed(conn: sa.Connection) -> None:
     """Rows at 0004: a base model, an adapter with an owner, a version, a tenant with a grant."""
-    conn.execute(sa.text(
-        "INSERT INTO base_models (name, hf_id, max_lora_rank, target_modules, approvals_required, "
-        "created_at) VALUES ('b', 'o/b', 8, '[\"q_proj\"]', 0, CURRENT_TIMESTAMP)"
-    ))  # fmt: skip
-    conn.execute(sa.text(
-        "INSERT INTO adapters (id, base_model, owner, status, hot, created_at) "
-        "VALUES ('a', 'b', 'Payments EU', 'active', false, CURRENT_TIMESTAMP)"
-    ))  # fmt: skip
-    conn.execute(sa.text(
-        "INSERT INTO versions (adapter_id, number, status, rank, lora_alpha, target_modules, files, "
-        "storage_uri, quality_gate, created_by, created_at) VALUES ('a', 1, 'active', 8, 16.0, "
-        "'[\"q_proj\"]', '[]', 'file:///x/', 'skipped', 't', CURRENT_TIMESTAMP)"
-    ))  # fmt: skip
+    seed_adapter_rows(conn, owner="Payments EU")
     conn.execute(sa.text(
         "INSERT INTO tenants (id, name, rpm, base_model_access, created_at) "
         "VALUES ('t', 't', 60, false, CURRENT_TIMESTAMP)"
