@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from gateway.canary import CanaryRecorder, MemoryCanaryCounters, RedisCanaryRecorder
+from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import Limiter, MemoryLimiter, RedisLimiter
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
@@ -71,11 +72,13 @@ def build_gateway(
         apply_changes=snapshot_applier(engine) if engine is not None else None,
         on_snapshot=router.update_snapshot,
         refresh_s=settings.snapshot_refresh_s,
+        verify_s=settings.snapshot_verify_s,
     )
     return Gateway(
         settings,
         router=router,
         table=table,
+        metrics=GatewayMetrics(tenant_labels=settings.metrics_tenant_labels, snapshot_age=table.age_s),
         limiter=limiter if limiter is not None else make_limiter(settings),
         manage_router=manage_router,
         canary=make_canary_recorder(settings),

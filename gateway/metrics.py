@@ -2,15 +2,17 @@
 
 ``GatewayMetrics(registry=None)`` uses its own ``CollectorRegistry`` (several apps in one test
 process must not collide); ``/metrics`` renders it together with the default registry (where
-the router records loads, placements and replica health).
+the router records loads, placements and replica health). ``snapshot_age`` (the routing table's
+``age_s``) becomes ``loraplane_snapshot_age_seconds``, read at scrape time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LAT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
@@ -29,7 +31,13 @@ class Series:
 
 
 class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None, *, tenant_labels: bool = True) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        tenant_labels: bool = True,
+        snapshot_age: Callable[[], float] | None = None,
+    ) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.tenant_labels = tenant_labels
         r = self.registry
@@ -74,6 +82,14 @@ class GatewayMetrics:
             "loraplane_gateway_ratelimit_store_errors", "Rate-limit store failures, by on_error mode.",
             ["mode"], registry=r,
         )  # fmt: skip
+        if snapshot_age is not None:
+            self.snapshot_age = Gauge(
+                "loraplane_snapshot_age_seconds",
+                "Seconds since this gateway's routing table last matched the registry (a load, an applied "
+                "change or a revision check); grows while PostgreSQL is unreachable.",
+                registry=r,
+            )
+            self.snapshot_age.set_function(snapshot_age)
 
         self._series: dict[tuple[str, str, str], Series] = {}
         self._counts: dict[tuple[str, str, str, str, int, str], tuple[Any, Any]] = {}

@@ -29,8 +29,18 @@ class GatewaySettings(LoraplaneSettings):
     )
     snapshot_refresh_s: float = Field(
         default=15.0,
-        description="Safety-net period for reloading the routing snapshot even without a change-feed "
-        "notification; also the retry period while the registry database is unreachable (capped at 1 s).",
+        gt=0,
+        description="Safety-net period of the routing table: one read of the registry's revision; if "
+        "the table is behind it and no change-feed notification brings it there within a second, the "
+        "whole snapshot is reloaded. Also the retry period while the registry database is unreachable "
+        "(capped at 1 s).",
+    )
+    snapshot_verify_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Period of a whole routing-snapshot reload even when the revision matches (repairs and "
+        "counts a table that differs from the registry at the same revision, shown as `drifts` in "
+        "/readyz); at least snapshot_refresh_s.",
     )
     request_timeout_s: float = Field(
         default=300.0,

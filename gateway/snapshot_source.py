@@ -14,6 +14,9 @@ gap or reconnect, and every ``refresh_s`` as the safety net).
   ``INLINE_MAX`` subjects are read on a thread instead, so a burst never stalls requests.
 - SQLite (``loraplane up``): ``ThreadedChangeApplier``, the same rows through a session on a
   worker thread.
+
+Both also read the registry's revision (``revision()``, one single-row SELECT), which is all
+the table's safety net reads every ``refresh_s`` when nothing was missed.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import psycopg
 from sqlalchemy import Engine
 
 from kit.db import make_session_factory, session_scope
-from registry.feed import libpq_dsn
+from registry.feed import libpq_dsn, read_revision
+from registry.repositories.state import current_revision_pg
 from registry.services.snapshot import apply_changes, apply_changes_pg, load_snapshot, load_snapshot_pg
 from registry.snapshot import RoutingSnapshot
 
@@ -51,6 +55,9 @@ class ThreadedChangeApplier:
         self, base: RoutingSnapshot, subjects: frozenset[str], revision: int
     ) -> RoutingSnapshot | None:
         return await asyncio.to_thread(self._apply, base, subjects, revision)
+
+    async def revision(self) -> int:
+        return await asyncio.to_thread(read_revision, self._factory)
 
     async def aclose(self) -> None:
         return None
@@ -81,6 +88,14 @@ class PostgresChangeApplier:
             return await apply_changes_pg(conn, base, subjects, revision)
         except psycopg.Error:
             await self.aclose()  # the next batch reconnects; the table reloads meanwhile
+            raise
+
+    async def revision(self) -> int:
+        conn = await self._connection()
+        try:
+            return await current_revision_pg(conn)
+        except BaseException:  # a failed or cancelled (timed-out) read leaves the connection unusable
+            await self.aclose()
             raise
 
     async def aclose(self) -> None:

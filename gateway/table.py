@@ -11,14 +11,25 @@ keep coming the table applies at most once per ``batch_window_s`` (a change afte
 is applied at once), so a burst of 1,000 changes becomes a few batched loads and swaps, not
 1,000. The whole snapshot is reloaded
 instead when a revision is missing (a notice never arrived), after a feed reconnect or a
-``*`` change, and when ``apply_changes`` declines (returns None) or is not given. Every
-``refresh_s`` a safety-net reload runs *beside* the change path (a whole load of a large
-registry takes long; changes keep being applied meanwhile) and is installed only if nothing
-newer was applied; a table that differs from it at the same revision is counted (``drifts``)
-and replaced. Each new snapshot goes to ``on_snapshot`` (the router's
-``update_snapshot``). When the registry database is unreachable the table keeps serving the
-last snapshot, marks itself ``stale`` (shown in /readyz), logs once per transition and
-reloads every ``retry_s`` until it is back.
+``*`` change, and when ``apply_changes`` declines (returns None) or is not given.
+
+The safety net, every ``refresh_s``: with ``apply_changes``, one cheap read of the registry's
+revision (``apply_changes.revision()``, a single-row SELECT). Equal to the table's: nothing
+was missed, the table is confirmed fresh. Newer, and the feed does not bring the table there
+within ``NOTICE_GRACE_S`` (the notices may be on their way): a notice was lost — counted
+(``missed``) and the whole snapshot reloaded. A whole load runs anyway every ``verify_s``
+(default 5 minutes) and without ``apply_changes`` every ``refresh_s``; it runs *beside* the
+change path (a whole load of a large registry takes long; changes keep being applied
+meanwhile) and is installed only if nothing newer was applied; a table that differs from it at
+the same revision is counted (``drifts``) and replaced. (A whole load every ``refresh_s`` held
+the GIL for hundreds of milliseconds on a 1,000-adapter registry and made the propagation
+benchmark's tail; see ``benchmarks/README.md``.)
+
+Each new snapshot goes to ``on_snapshot`` (the router's ``update_snapshot``). When the registry
+database is unreachable the table keeps serving the last snapshot, marks itself ``stale``
+(shown in /readyz), logs once per transition and reloads every ``retry_s`` until it is back.
+``age_s()`` is the time since the table last matched the registry (a load, an applied change
+or a revision check that found nothing new): the gateway's ``loraplane_snapshot_age_seconds``.
 """
 
 from __future__ import annotations
@@ -41,6 +52,9 @@ log = logging.getLogger("loraplane.gateway.table")
 T = TypeVar("T")
 Loader = Callable[[], RoutingSnapshot]
 
+NOTICE_GRACE_S = 1.0  # a revision check that finds the table behind waits this long for the feed
+REVISION_TIMEOUT_S = 10.0  # a revision read that hangs longer counts as a registry failure
+
 
 class ChangeApplier(Protocol):
     """(current snapshot, changed subjects, the revision they bring it to) → the new snapshot, or
@@ -49,6 +63,10 @@ class ChangeApplier(Protocol):
     async def __call__(
         self, base: RoutingSnapshot, subjects: frozenset[str], revision: int
     ) -> RoutingSnapshot | None: ...
+
+    async def revision(self) -> int:
+        """The registry's committed revision: one cheap read (the safety net's check)."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -66,6 +84,7 @@ class RoutingTable:
         apply_changes: ChangeApplier | None = None,
         on_snapshot: Callable[[RoutingSnapshot], Any] | None = None,
         refresh_s: float = 15.0,
+        verify_s: float = 300.0,
         retry_s: float = 1.0,
         batch_window_s: float = 0.02,
     ) -> None:
@@ -74,6 +93,8 @@ class RoutingTable:
         self._feed = feed
         self._on_snapshot = on_snapshot
         self._refresh_s = refresh_s
+        self._verify_s = max(verify_s, refresh_s)
+        self._grace_s = min(NOTICE_GRACE_S, refresh_s)
         self._retry_s = min(retry_s, refresh_s)
         self._batch_window_s = batch_window_s
         self._last_apply = -1e9  # time.monotonic() of the last incremental apply
@@ -81,6 +102,7 @@ class RoutingTable:
         self.stale = False  # True while the last registry read failed
         self.last_error: str | None = None
         self.loaded_at: float | None = None  # time.time() of the last successful read
+        self._fresh_at = time.monotonic()  # … as monotonic time (since creation until the first)
         self.reloads = 0  # whole-snapshot loads
         self.applies = 0  # incremental applies (each one batch of consecutive changes)
         self.changes_applied = 0  # revisions applied incrementally
@@ -88,6 +110,8 @@ class RoutingTable:
         self.drifts = 0  # safety-net reloads that found the table wrong at the same revision
         self.refreshes = 0  # safety-net loads finished (installed or not)
         self.refreshes_outrun = 0  # … not installed: changes applied meanwhile were newer
+        self.revision_checks = 0  # safety-net revision reads (no whole load)
+        self.missed = 0  # … that found the table behind with no notice coming: whole reload
         self.changed_at: float | None = None  # time.time() when a new revision was installed
         self.notified_at: float | None = None  # time.time() of the last change-feed notification
         self.load_ms: float | None = None  # how long the last whole load took
@@ -213,7 +237,15 @@ class RoutingTable:
             "drifts": self.drifts,
             "refreshes": self.refreshes,
             "refreshes_outrun": self.refreshes_outrun,
+            "revision_checks": self.revision_checks,
+            "missed": self.missed,
         }
+
+    def age_s(self) -> float:
+        """Seconds since the table last matched the registry (a whole load, an applied change or
+        a revision check that found nothing new); before the first load, since it was created.
+        Grows while the registry database is unreachable."""
+        return max(0.0, time.monotonic() - self._fresh_at)
 
     # ------------------------------------------------------------------ internals
 
@@ -241,14 +273,19 @@ class RoutingTable:
         await self._install(snap)
         return True
 
-    async def _install(self, snap: RoutingSnapshot) -> None:
+    def _confirmed(self) -> None:
+        """The registry was read and the table matches it now."""
         if self.stale:
-            log.warning("registry reachable again", extra={"revision": snap.revision})
+            log.warning("registry reachable again", extra={"revision": self.revision})
         self.stale = False
         self.last_error = None
         self.loaded_at = time.time()
-        changed = self.snapshot is None or snap.revision != self.snapshot.revision
-        self.snapshot = snap
+        self._fresh_at = time.monotonic()
+
+    async def _install(self, snap: RoutingSnapshot) -> None:
+        self.snapshot, previous = snap, self.snapshot
+        self._confirmed()
+        changed = previous is None or snap.revision != previous.revision
         if not changed:
             return
         self.changed_at = time.time()
@@ -276,10 +313,43 @@ class RoutingTable:
             await self.catch_up()
 
     async def _refresh_loop(self) -> None:
+        verify_at = time.monotonic() + self._verify_s
         while True:
             await asyncio.sleep(self._refresh_s)
-            if self.snapshot is not None and not self.stale:  # else ``_run`` is retrying already
+            if self.snapshot is None or self.stale:  # ``_run`` is retrying already
+                continue
+            if self._apply is None or time.monotonic() >= verify_at:
+                verify_at = time.monotonic() + self._verify_s
                 await self.refresh()
+            else:
+                await self.check_revision()
+
+    async def check_revision(self) -> None:
+        """The cheap safety net: read the registry's revision; if the table is behind and the
+        feed does not bring it there within the grace period, a notice was lost: reload."""
+        assert self._apply is not None
+        try:
+            async with asyncio.timeout(REVISION_TIMEOUT_S):
+                latest = await self._apply.revision()
+        except Exception as e:  # any registry failure keeps the last snapshot
+            self._failed(e)
+            self._wanted.set()  # ``_run`` retries every ``retry_s``
+            return
+        self.revision_checks += 1
+        current = self.revision
+        if current is not None and latest <= current:
+            if not self._full and not self._pending:
+                self._confirmed()
+            return
+        with contextlib.suppress(TimeoutError):  # notices on their way (or being applied)?
+            await self.wait_for_revision(latest, self._grace_s)
+            return
+        self.missed += 1
+        log.warning(
+            "routing table behind the registry without a notice; reloading",
+            extra={"revision": self.revision, "registry_revision": latest},
+        )
+        await self.refresh()
 
     async def refresh(self) -> None:
         """The safety net: load the whole snapshot *without* holding up changes meanwhile, then
@@ -306,7 +376,7 @@ class RoutingTable:
             self.load_ms = round((time.perf_counter() - t0) * 1000, 2)
             self.reloads += 1
             if current is not None and snap.revision == current.revision and snap == current:
-                self.loaded_at = time.time()  # nothing new: keep the old object (no router update)
+                self._confirmed()  # nothing new: keep the old object (no router update)
                 return
             await self._install(snap)
         self._wanted.set()  # apply what queued up behind the load

@@ -7,8 +7,10 @@ subject's rows instead of the whole routing snapshot (``registry.services.snapsh
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import quote, unquote
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
@@ -42,6 +44,14 @@ def parse_notice(payload: str) -> tuple[int, frozenset[str]]:
 def current_revision(session: Session) -> int:
     rev = session.execute(sa.select(RegistryStateRow.revision).where(RegistryStateRow.id == 1)).scalar()
     return int(rev or 0)
+
+
+async def current_revision_pg(conn: psycopg.AsyncConnection[Any]) -> int:
+    """``current_revision`` on an async psycopg connection: one primary-key read of one row (the
+    gateways' safety net runs it every ``snapshot_refresh_s``)."""
+    cur = await conn.execute("SELECT revision FROM registry_state WHERE id = 1")
+    row = await cur.fetchone()
+    return int(row[0] or 0) if row else 0
 
 
 def bump_revision(session: Session, subject: str = ALL) -> int:

@@ -363,6 +363,7 @@ async def test_the_safety_net_reload_does_not_hold_up_changes_and_repairs_drift(
         feed=PostgresNotifyFeed(pg_db, channel=channel),
         apply_changes=snapshot_applier(engine),
         refresh_s=0.3,
+        verify_s=0.3,  # a whole load every time (revision checks alone never see drift)
     )
     await table.start()
     try:
