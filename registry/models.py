@@ -7,7 +7,8 @@ revocable), ``promotion_requests`` (approvals as a JSON list on the row, which a
 Tables: ``base_models``, ``adapters`` (``hot``: marked hot by an operator, kept prewarmed by the
 router, SPEC §8; ``rpm``/``tpm``/``max_concurrency`` shared by all tenants, SPEC §15), ``owners``
 (limits over all adapters of one owner, SPEC §15), ``versions`` (``quality_gate`` with the
-``quality_gate_details`` recorded with it, e.g. eval scores), ``tenants``, ``api_keys``, ``grants``,
+``quality_gate_details`` recorded with it, e.g. eval scores), ``tenants`` (``rpm``/``tpm``/
+``max_concurrency``, and ``max_cold_waiters``, SPEC §15), ``api_keys``, ``grants``,
 ``audit_events`` and the single-row ``registry_state`` (``revision``, bumped by every change).
 
 Version numbers and pointers (``active_version``, ``canary_version``, ``rollback_to``) are stored
@@ -167,6 +168,8 @@ class TenantRow(Base):
     rpm: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     tpm: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     max_concurrency: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    # requests of the tenant waiting for a cold load at once, per gateway process (SPEC §15)
+    max_cold_waiters: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     base_model_access: Mapped[bool] = mapped_column(sa.Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 

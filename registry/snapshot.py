@@ -100,6 +100,8 @@ class TenantInfo:
     limits: Limits
     base_model_access: bool
     grants: dict[str, GrantInfo] = field(default_factory=dict)  # adapter_id → grant
+    # requests of the tenant that may wait for a cold load at once, per gateway process (SPEC §15)
+    max_cold_waiters: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,16 +143,28 @@ class LimitsIn(_In):
     )
 
 
+MAX_COLD_WAITERS_DOC = (
+    "Requests of the tenant waiting for a cold load (a version no healthy replica holds) at once, "
+    "counted by each gateway process; beyond it 503 `no_capacity` with Retry-After (SPEC §15)."
+)
+
+
+class TenantLimitsIn(LimitsIn):
+    """A tenant's limits: any of these; null = unlimited. ``max_cold_waiters`` is the tenant's only."""
+
+    max_cold_waiters: Int32 | None = Field(default=None, ge=0, le=LIMIT_MAX, description=MAX_COLD_WAITERS_DOC)
+
+
 class TenantCreate(_In):
     id: SafeStr
     name: SafeStr | None = Field(default=None, max_length=255)
-    limits: LimitsIn | None = None
+    limits: TenantLimitsIn | None = None
     base_model_access: StrictBool = False
 
 
 class TenantPatch(_In):
     name: SafeStr | None = Field(default=None, min_length=1, max_length=255)
-    limits: LimitsIn | None = None
+    limits: TenantLimitsIn | None = Field(default=None, description="Merged key by key.")
     base_model_access: StrictBool | None = None
 
 
@@ -278,10 +290,14 @@ class OwnerOut(_Out):
     updated_at: datetime | None = Field(description="When the limits were last set; null if never.")
 
 
+class TenantLimitsOut(LimitsOut):
+    max_cold_waiters: int | None = Field(description=MAX_COLD_WAITERS_DOC)
+
+
 class TenantOut(_Out):
     id: str
     name: str
-    limits: LimitsOut
+    limits: TenantLimitsOut
     base_model_access: bool
     created_at: datetime
 

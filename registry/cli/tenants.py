@@ -25,6 +25,8 @@ tenants_app = new_group("Tenants, limits, API keys and adapter grants.")
 
 TenantArg = Annotated[str, typer.Argument(help="Tenant id.")]
 LimitOpt = Annotated[int | None, typer.Option(min=0, help="Limit (omit for unlimited).")]
+LIMIT_KEYS = ("rpm", "tpm", "max_concurrency", "max_cold_waiters")
+COLD_HELP = "Requests waiting for a cold adapter load at once, per gateway process (503 beyond it)"
 
 
 def _limit(t: dict[str, Any], key: str) -> Any:
@@ -41,7 +43,7 @@ def _print_tenant(tenant: dict[str, Any], opts: CliOptions, summary: str | None 
         out_console().print(summary)
     record = dict(tenant)
     limits = record.pop("limits", None) or {}
-    for key in ("rpm", "tpm", "max_concurrency"):
+    for key in LIMIT_KEYS:
         record[key] = "unlimited" if limits.get(key) is None else limits[key]
     print_record(record, title=f"tenant {tenant.get('id')}", skip=("grants", "keys"))
     if isinstance(tenant.get("grants"), list):
@@ -82,12 +84,17 @@ def create(
     max_concurrency: Annotated[
         int | None, typer.Option("--max-concurrency", min=0, help="Concurrent requests.")
     ] = None,
+    max_cold_waiters: Annotated[
+        int | None, typer.Option("--max-cold-waiters", min=0, help=f"{COLD_HELP}.")
+    ] = None,
     base_model_access: Annotated[
         bool, typer.Option("--base-model-access", help="May call the bare base model.")
     ] = False,
 ) -> None:
     """Create a tenant (limits unset = unlimited)."""
     limits = {"rpm": rpm, "tpm": tpm, "max_concurrency": max_concurrency}
+    if max_cold_waiters is not None:  # sent only when given (an older registry refuses the key)
+        limits["max_cold_waiters"] = max_cold_waiters
     with client(opts) as admin:
         result = admin.create_tenant(tenant, name=name, limits=limits, base_model_access=base_model_access)
     _print_tenant(result, opts, f"created tenant {tenant}")
@@ -107,6 +114,7 @@ def list_tenants(opts: CliOptions) -> None:
             ("rpm", lambda t: _limit(t, "rpm")),
             ("tpm", lambda t: _limit(t, "tpm")),
             ("concurrency", lambda t: _limit(t, "max_concurrency")),
+            ("cold waiters", lambda t: _limit(t, "max_cold_waiters")),
             ("base access", field("base_model_access")),
             ("created", field("created_at")),
         ],
@@ -189,6 +197,9 @@ def limits(
     max_concurrency: Annotated[
         str | None, typer.Option("--max-concurrency", help="Concurrent requests, or 'none'.")
     ] = None,
+    max_cold_waiters: Annotated[
+        str | None, typer.Option("--max-cold-waiters", help=f"{COLD_HELP}, or 'none'.")
+    ] = None,
     base_model_access: Annotated[
         bool | None,
         typer.Option("--base-model-access/--no-base-model-access", help="May call the bare base model."),
@@ -201,13 +212,15 @@ def limits(
         ("rpm", "rpm", rpm),
         ("tpm", "tpm", tpm),
         ("max_concurrency", "max-concurrency", max_concurrency),
+        ("max_cold_waiters", "max-cold-waiters", max_cold_waiters),
     ):
         given, value = parse_limit(raw, flag)
         if given:
             patch[key_name] = value
     if not patch and base_model_access is None and name is None:
         raise typer.BadParameter(
-            "give at least one of --rpm, --tpm, --max-concurrency, --[no-]base-model-access, --name"
+            "give at least one of --rpm, --tpm, --max-concurrency, --max-cold-waiters, "
+            "--[no-]base-model-access, --name"
         )
     with client(opts) as admin:
         result = admin.update_tenant(

@@ -106,6 +106,16 @@ NO_LIMITS = LimitsRecord(rpm=None, tpm=None, max_concurrency=None)
 
 
 @dataclass(frozen=True, slots=True)
+class TenantLimitsRecord:
+    """A tenant's limits: the three of every level, and ``max_cold_waiters`` (tenants only)."""
+
+    rpm: int | None
+    tpm: int | None
+    max_concurrency: int | None
+    max_cold_waiters: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class AdapterRecord:
     id: str
     base_model: str
@@ -199,7 +209,7 @@ class IssuedKey:
 class TenantRecord:
     id: str
     name: str
-    limits: LimitsRecord
+    limits: TenantLimitsRecord
     base_model_access: bool
     created_at: datetime
     grants: list[GrantRecord] | None = None  # only in describe
@@ -212,7 +222,12 @@ class TenantRecord:
         return cls(
             id=row.id,
             name=row.name,
-            limits=LimitsRecord(rpm=row.rpm, tpm=row.tpm, max_concurrency=row.max_concurrency),
+            limits=TenantLimitsRecord(
+                rpm=row.rpm,
+                tpm=row.tpm,
+                max_concurrency=row.max_concurrency,
+                max_cold_waiters=row.max_cold_waiters,
+            ),
             base_model_access=bool(row.base_model_access),
             created_at=row.created_at,
             grants=[GrantRecord.of(g) for g in grants] if grants is not None else None,

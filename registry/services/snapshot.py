@@ -117,6 +117,7 @@ def _tenants(rows: Iterable[Any], grant_rows: Iterable[Any]) -> dict[str, Tenant
             limits=Limits(rpm=t.rpm, tpm=t.tpm, max_concurrency=t.max_concurrency),
             base_model_access=bool(t.base_model_access),
             grants=grants.get(t.id, {}),
+            max_cold_waiters=t.max_cold_waiters,
         )
         for t in rows
     }

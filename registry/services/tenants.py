@@ -17,18 +17,26 @@ from registry.services.adapters import adapter_row, require_slug
 from registry.services.audit import record_change
 from registry.services.records import GrantRecord, IssuedKey, KeyRecord, TenantRecord
 
-LIMIT_KEYS = ("rpm", "tpm", "max_concurrency")
+# A tenant's limits: those of every level (``registry.services.limits``) and ``max_cold_waiters``
+# (SPEC §15: requests of the tenant waiting for a cold load at once), which only tenants have.
+LIMIT_KEYS = ("rpm", "tpm", "max_concurrency", "max_cold_waiters")
+LIMIT_MAX = 2**31 - 1  # INTEGER columns on PostgreSQL
 
 
-def _check_limits(limits: dict[str, Any]) -> dict[str, int | None]:
+def _check_limits(limits: Any) -> dict[str, int | None]:
+    """The limits a caller sent (any subset of :data:`LIMIT_KEYS`), checked; 422 otherwise."""
+    if not isinstance(limits, dict):
+        raise InvalidRequest("limits must be an object", details={"field": "limits"})
     out: dict[str, int | None] = {}
     for k, v in limits.items():
         if k not in LIMIT_KEYS:
             raise InvalidRequest(
-                f"unknown limit {k!r} (known: rpm, tpm, max_concurrency)", details={"field": k}
+                f"unknown limit {k!r} (known: {', '.join(LIMIT_KEYS)})", details={"field": k}
             )
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise InvalidRequest(f"limit {k} must be a non-negative integer or null", details={"field": k})
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= LIMIT_MAX):
+            raise InvalidRequest(
+                f"limit {k} must be an integer from 0 to {LIMIT_MAX}, or null", details={"field": k}
+            )
         out[k] = v
     return out
 
@@ -60,6 +68,7 @@ def create_tenant(
         rpm=lim.get("rpm"),
         tpm=lim.get("tpm"),
         max_concurrency=lim.get("max_concurrency"),
+        max_cold_waiters=lim.get("max_cold_waiters"),
         base_model_access=bool(base_model_access),
     )
     try:

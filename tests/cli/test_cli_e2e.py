@@ -213,7 +213,7 @@ def test_tenants(admin_url: str, base_model: str, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     tenant = cli_json(admin_url, "tenants", "show", "acme")
     assert tenant["name"] == "Acme Corp"
-    assert tenant["limits"] == {"rpm": 60, "tpm": None, "max_concurrency": 4}
+    assert tenant["limits"] == {"rpm": 60, "tpm": None, "max_concurrency": 4, "max_cold_waiters": None}
     assert tenant["base_model_access"] is False
 
     res = cli(admin_url, "tenants", "key", "acme")
@@ -228,7 +228,7 @@ def test_tenants(admin_url: str, base_model: str, tmp_path: Path) -> None:
 
     tenant = cli_json(admin_url, "tenants", "limits", "acme", "--rpm", "none", "--tpm", "1000",
                       "--base-model-access")  # fmt: skip
-    assert tenant["limits"] == {"rpm": None, "tpm": 1000, "max_concurrency": 4}
+    assert tenant["limits"] == {"rpm": None, "tpm": 1000, "max_concurrency": 4, "max_cold_waiters": None}
     assert tenant["base_model_access"] is True
 
     detail = cli_json(admin_url, "tenants", "show", "acme")

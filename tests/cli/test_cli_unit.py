@@ -283,6 +283,35 @@ def test_tenant_limits_patch_body(api: FakeAPI) -> None:
     assert res.exit_code == 2
 
 
+def test_tenant_max_cold_waiters_flags(api: FakeAPI) -> None:
+    tenant = {
+        "id": "acme",
+        "name": "acme",
+        "limits": {"rpm": None, "tpm": None, "max_concurrency": None, "max_cold_waiters": 2},
+        "base_model_access": False,
+        "created_at": "2026-11-29T08:00:00Z",
+    }
+    api.on("POST", "/tenants", 201, tenant)
+    res = run_cli(["tenants", "create", "acme", "--max-cold-waiters", "2"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(api.bodies[-1])["limits"]["max_cold_waiters"] == 2
+    assert "max_cold_waiters" in res.stdout
+    res = run_cli(["tenants", "create", "acme"])  # left out: not sent (unlimited)
+    assert res.exit_code == 0, res.output
+    assert "max_cold_waiters" not in json.loads(api.bodies[-1])["limits"]
+    api.on("PATCH", "/tenants/acme", 200, tenant)
+    res = run_cli(["tenants", "limits", "acme", "--max-cold-waiters", "3"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(api.bodies[-1]) == {"limits": {"max_cold_waiters": 3}}
+    res = run_cli(["tenants", "limits", "acme", "--max-cold-waiters", "none"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(api.bodies[-1]) == {"limits": {"max_cold_waiters": None}}
+    n = len(api.requests)
+    assert run_cli(["tenants", "limits", "acme", "--max-cold-waiters", "-1"]).exit_code == 2
+    assert run_cli(["tenants", "create", "acme", "--max-cold-waiters", "-1"]).exit_code == 2
+    assert len(api.requests) == n  # refused locally
+
+
 def test_adapter_update_and_create_bodies(api: FakeAPI) -> None:
     api.on("PATCH", "/adapters/bot", 200, {**ADAPTER, "id": "bot", "hot": True})
     res = run_cli(["adapters", "update", "bot", "--hot"])

@@ -212,15 +212,16 @@ def test_tenants_keys_grants(client: TestClient, factory: Any) -> None:
     t = r.json()
     assert set(t) == {"id", "name", "limits", "base_model_access", "created_at"}
     assert t["name"] == "acme" and t["base_model_access"] is False
-    assert t["limits"] == {"rpm": 60, "tpm": None, "max_concurrency": None}
+    assert t["limits"] == {"rpm": 60, "tpm": None, "max_concurrency": None, "max_cold_waiters": None}
     # PATCH merges limits key by key; explicit null means unlimited
     r = client.patch(f"{V1}/tenants/acme", json={"limits": {"tpm": 1000}})
-    assert r.json()["limits"] == {"rpm": 60, "tpm": 1000, "max_concurrency": None}
+    assert r.json()["limits"] == {"rpm": 60, "tpm": 1000, "max_concurrency": None, "max_cold_waiters": None}
     r = client.patch(
         f"{V1}/tenants/acme", json={"limits": {"rpm": None, "max_concurrency": 4}, "name": "Acme"}
     )
     assert (
-        r.json()["limits"] == {"rpm": None, "tpm": 1000, "max_concurrency": 4} and r.json()["name"] == "Acme"
+        r.json()["limits"] == {"rpm": None, "tpm": 1000, "max_concurrency": 4, "max_cold_waiters": None}
+        and r.json()["name"] == "Acme"
     )
     r = client.patch(f"{V1}/tenants/acme", json={"base_model_access": True})
     assert r.json()["base_model_access"] is True and r.json()["limits"]["tpm"] == 1000
