@@ -23,11 +23,13 @@ class AuditSink(Protocol):
 class BufferedAuditSink:
     """Wraps a sink so that recording never waits on the database (SPEC §18).
 
-    ``record`` queues the event (at most ``capacity``; beyond that the oldest is dropped and
-    counted in ``dropped``) and returns at once; one writer task drains the queue in order,
-    and while the inner sink fails (database down or hung) it keeps the events and retries
-    every ``retry_s``, so they are written when the database is back. ``close`` writes what
-    it can within ``close_timeout_s``.
+    ``record`` queues the event (at most ``capacity``; beyond that the oldest is dropped,
+    counted in ``dropped`` and logged once per outage) and returns at once; one writer task
+    drains the queue in order, and while the inner sink fails (database down or hung) it keeps
+    the events and retries every ``retry_s``, so they are written when the database is back.
+    ``close`` writes what it can within ``close_timeout_s``. ``dropped`` and ``pending`` are the
+    router's ``loraplane_audit_events_dropped_total`` and ``loraplane_audit_events_buffered``
+    (``router.audit``).
     """
 
     def __init__(
@@ -39,8 +41,9 @@ class BufferedAuditSink:
         self._retry_s = retry_s
         self._close_timeout_s = close_timeout_s
         self._task: asyncio.Task[None] | None = None
-        self.dropped = 0
+        self.dropped = 0  # events dropped because the buffer was full, since start
         self.failing = False
+        self._dropping = False
 
     @property
     def pending(self) -> int:
@@ -52,6 +55,12 @@ class BufferedAuditSink:
         if len(self._queue) >= self._capacity:
             self._queue.popleft()
             self.dropped += 1
+            if not self._dropping:  # once until events are written again
+                self._dropping = True
+                log.error(
+                    "audit buffer full; dropping the oldest events",
+                    extra={"capacity": self._capacity, "dropped": self.dropped},
+                )
         self._queue.append(
             {
                 "actor": actor,
@@ -80,7 +89,11 @@ class BufferedAuditSink:
                 continue
             if self.failing:
                 self.failing = False
-                log.warning("audit events written again", extra={"pending": len(self._queue) - 1})
+                self._dropping = False
+                log.warning(
+                    "audit events written again",
+                    extra={"pending": len(self._queue) - 1, "dropped": self.dropped},
+                )
             if self._queue and self._queue[0] is event:
                 self._queue.popleft()
 

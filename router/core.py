@@ -96,7 +96,7 @@ class Router:
         self._reconciler: Reconciler | None = None
         self.shared_view: SharedView | None = None
         self._planner: Planner | None = None
-        self._events = RouterAudit(audit)
+        self._events = RouterAudit(audit, registry)
         self._fallback = Fallback(self.metrics, self._events, lambda: self.snapshot, clock=clock)
         self._requests: RequestLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
