@@ -129,23 +129,6 @@ def proc_usage(leader: int) -> dict[str, Any]:
     return {"rss_mb": round(rss_kb / 1024, 1), "fds": fds, "threads": threads, "procs": len(pids)}
 
 
-def simulator_pid(port: int) -> int:
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (
-            b"simulator" in argv
-            and b"--port" in argv
-            and argv[argv.index(b"--port") + 1] == str(port).encode()
-        ):
-            return int(d.name)
-    raise RuntimeError(f"no simulator process on port {port}")
-
-
 def dir_bytes(path: Path) -> int:
     total = 0
     for dirpath, _, files in os.walk(path):
@@ -324,7 +307,7 @@ class Traffic:
 
 # --------------------------------------------------------------------------- churn
 
-KINDS = {"upload": 3, "promote": 2, "canary": 2, "rollback": 2, "hot": 2, "prewarm": 2}
+KINDS = {"upload": 5, "promote": 2, "canary": 2, "rollback": 2, "hot": 2, "prewarm": 2}
 
 
 @dataclass
@@ -333,8 +316,7 @@ class Churn:
     adapters: list[str]
     workdir: Path
     rng: random.Random
-    done: dict[str, Counter[str]] = field(default_factory=dict)
-    seconds: dict[str, list[float]] = field(default_factory=dict)
+    ops: list[tuple[float, str, str, float]] = field(default_factory=list)  # (start, kind, result, s)
     failures: list[dict[str, Any]] = field(default_factory=list)
     hot: list[str] = field(default_factory=list)
     fresh: list[str] = field(default_factory=list)  # adapters given a version by this run's uploads
@@ -359,8 +341,7 @@ class Churn:
                     self.failures.append(
                         {"kind": kind, "status": 0, "code": "unreachable", "message": str(e)[:300]}
                     )
-                self.done.setdefault(kind, Counter())[result] += 1
-                self.seconds.setdefault(kind, []).append(time.monotonic() - t0)
+                self.ops.append((t0, kind, result, time.monotonic() - t0))
 
     def _ready(self, admin: AdminClient) -> tuple[str, str] | None:
         """An adapter with a ``ready`` version (the newest), looked for among recent uploads first."""
@@ -424,7 +405,7 @@ async def watch_replicas(sim_urls: list[str], most: dict[str, int], stop: asynci
                 except (aiohttp.ClientError, TimeoutError, ValueError):
                     continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 2.0)
+                await asyncio.wait_for(stop.wait(), 0.5)
 
 
 async def drive(
@@ -462,7 +443,6 @@ async def drive(
         log(f"warm-up {args.warmup_s:.0f} s …")
         await asyncio.sleep(args.warmup_s)
         traffic.phase = "soak"
-        churn_before = {k: sum(v.values()) for k, v in churn.done.items()}
         t_start = time.monotonic()
         named["start"] = await asyncio.to_thread(sampler.take, "start")
         log(f"start: {summary_line(named['start'])}")
@@ -483,7 +463,6 @@ async def drive(
         "named": named,
         "t_start": t_start,
         "t_end": t_end,
-        "churn_before": churn_before,
         "replica_max_adapters": most,
     }
 
@@ -608,7 +587,7 @@ def report(out: dict[str, Any]) -> None:
     )
     for u in r["unexpected_samples"][:10]:
         console.print(f"  [red]{u}[/red]")
-    t = Table(title="churn (admin API) during the soak")
+    t = Table(title=f"churn (admin API) during the soak: {out['churn']['total']} operations")
     for c in ("kind", "done", "results", "p50 ms", "max ms"):
         t.add_column(c)
     for k, v in out["churn"]["by_kind"].items():
@@ -619,7 +598,7 @@ def report(out: dict[str, Any]) -> None:
         f"most adapters registered per replica (max_adapters {MAX_ADAPTERS}): {out['replica_max_adapters']}"
     )
     t = Table(title=f"processes: RSS MB / open FDs (flat: {FLAT_RULE})")
-    for c in ("process", "start", "middle", "end", "Δ start→end", "Δ middle→end", "flat"):
+    for c in ("process", "start", "middle", "end", "Δ start→end", "Δ middle→end", "MB/min", "flat"):
         t.add_column(c)
     for name, g in out["processes"].items():
         cells = [f"{g[x]['rss_mb']} / {g[x]['fds']}" for x in ("start", "middle", "end")]
@@ -629,6 +608,7 @@ def report(out: dict[str, Any]) -> None:
             *cells,
             f"{se['rss_mb']:+} MB ({se['rss_pct']:+} %) / {se['fds']:+}",
             f"{me['rss_mb']:+} MB / {me['fds']:+}",
+            str(g["rss_slope_mb_per_min"]),
             "yes" if se["flat"] else "[red]NO[/red]",
         )
     console.print(t)
@@ -640,6 +620,35 @@ def report(out: dict[str, Any]) -> None:
             console.print(
                 f"[yellow]{name}: {lg['error_lines']} error lines[/yellow] e.g. {lg['first_errors'][:2]}"
             )
+
+
+def slope(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (seconds, MB) in MB per minute."""
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    den = sum((x - mx) ** 2 for x, _ in points)
+    return round(60 * sum((x - mx) * (y - my) for x, y in points) / den, 3) if den else None
+
+
+def per_minute(outcomes: list[Outcome]) -> list[dict[str, Any]]:
+    if not outcomes:
+        return []
+    t0 = min(o.t for o in outcomes)
+    rows: dict[int, list[Outcome]] = {}
+    for o in outcomes:
+        rows.setdefault(int((o.t - t0) // 60), []).append(o)
+    return [
+        {
+            "minute": k,
+            "requests": len(v),
+            "ok": sum(o.code == "ok" for o in v),
+            "unexpected": sum(o.unexpected for o in v),
+            "ok_p50_ms": round(1000 * (pct([o.seconds for o in v if o.code == "ok"], 50) or 0), 1),
+        }
+        for k, v in sorted(rows.items())
+    ]
 
 
 def summarize(outcomes: list[Outcome], seconds: float) -> dict[str, Any]:
@@ -684,6 +693,7 @@ def summarize(outcomes: list[Outcome], seconds: float) -> dict[str, Any]:
         "ok_plain_p50_ms": ms(pct(ok_plain, 50)),
         "ok_plain_p99_ms": ms(pct(ok_plain, 99)),
         "max_ms": ms(max((o.seconds for o in outcomes), default=None)),
+        "per_minute": per_minute(outcomes),
         "unexpected_samples": [
             f"+{o.t:.1f}s gw{o.gateway + 1} {o.tenant} stream={o.stream} {o.status} {o.code} "
             f"rid={o.rid} {o.detail}"
@@ -730,17 +740,11 @@ def main() -> None:
             names = {"registry": p.procs[0].pid} | {
                 f"gateway-{i}": pr.pid for i, pr in enumerate(p.procs[1:], 1)
             }
-            names |= {
-                f"simulator-{i + 1}": simulator_pid(int(u.rsplit(":", 1)[1]))
-                for i, u in enumerate(p.sim_urls)
-            }
+            names |= {f"simulator-{i}": sim.pid for i, sim in enumerate(p.sims, 1)}
             assert s3.process is not None and s3.process.pid is not None
             names["s3 (weed)"] = s3.process.pid
             procs = {k: v for k, v in names.items() if v is not None}
-            sim_logs = {}
-            for k, pid in procs.items():
-                if k.startswith("simulator"):
-                    sim_logs[k] = Path(os.readlink(f"/proc/{pid}/fd/1"))
+            sim_logs = {f"simulator-{i}": sim.log_path for i, sim in enumerate(p.sims, 1)}
             sampler = Sampler(procs, p.gateway_urls, p.workdir / "staging")
             traffic = Traffic(
                 p.gateway_urls, keys, grants, args.max_tokens, args.stream_fraction, args.request_timeout_s
@@ -775,6 +779,7 @@ def main() -> None:
         o.t -= base
     named = run["named"]
     processes = {}
+    a_t, e_t = named["start"]["t_s"], named["end"]["t_s"]
     for name in procs:
         a, m, e = (named[x]["procs"][name] for x in ("start", "middle", "end"))
         processes[name] = {
@@ -783,10 +788,15 @@ def main() -> None:
             "end": e,
             "growth_start_end": growth(a, e),
             "growth_middle_end": growth(m, e),
+            "rss_slope_mb_per_min": slope(
+                [(x["t_s"], x["procs"][name]["rss_mb"]) for x in sampler.samples if a_t <= x["t_s"] <= e_t]
+            ),
         }
     churn_by_kind = {}
-    for k, c in sorted(churn.done.items()):
-        secs = churn.seconds.get(k, [])
+    in_soak = [op for op in churn.ops if run["t_start"] <= op[0] <= run["t_end"]]
+    for k in sorted({op[1] for op in in_soak}):
+        c = Counter(op[2] for op in in_soak if op[1] == k)
+        secs = [op[3] for op in in_soak if op[1] == k]
         churn_by_kind[k] = {
             "count": sum(c.values()),
             "results": dict(c),
@@ -835,7 +845,8 @@ def main() -> None:
         },
         "churn": {
             "by_kind": churn_by_kind,
-            "during_warmup": run["churn_before"],
+            "total": len(in_soak),
+            "during_warmup": dict(Counter(op[1] for op in churn.ops if op[0] < run["t_start"])),
             "failures": churn.failures[:40],
         },
         "router": router,
