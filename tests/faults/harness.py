@@ -95,6 +95,13 @@ class OwnService:
     def resume(self) -> None:
         self.process.signal(signal.SIGCONT)
 
+    def ensure_up(self) -> None:
+        """Resumed and running (a test's way out of its fault, whatever happened in between)."""
+        if self.process.alive():
+            self.resume()
+        else:
+            self.start()
+
     def close(self) -> None:
         self.resume()
         self.server.stop()
@@ -363,7 +370,96 @@ class Traffic:
         out.detail = errors[0][:300]
 
 
+def metric_sum(url: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples on ``url``/metrics whose labels include ``labels``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """The sum of the samples of metric ``name`` in a Prometheus text exposition whose labels
+    include ``labels``; KeyError if there is none."""
+    found, total = False, 0.0
+    want = [f'{k}="{v}"' for k, v in (labels or {}).items()]
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric, _, rest = head.partition("{")
+        if metric != name or not all(w in rest for w in want):
+            continue
+        found, total = True, total + float(value)
+    if not found:
+        raise KeyError(name)
+    return total
+
+
 def sim_faults(sim_url: str, **faults: Any) -> None:
     """Set the simulator's fault injection (``reset=True`` clears it)."""
     r = httpx.post(f"{sim_url}/_sim/faults", json=faults, timeout=5)
     r.raise_for_status()
+
+
+class ColdTraffic(Traffic):
+    """Like :class:`Traffic`, but each model is asked for once (a stream of fresh adapters: every
+    request is a cold load); its workers stop by themselves when the models run out
+    (:meth:`wait`)."""
+
+    def __init__(self, gateways: Sequence[str], key: str, models: Sequence[str], **kw: Any) -> None:
+        super().__init__(gateways, key, models, **kw)
+        self._left = list(models)
+
+    def _next(self) -> tuple[str, str, bool]:
+        with self._lock:
+            if not self._left:
+                raise IndexError("no fresh model left")
+            n = self._n
+            self._n += 1
+            return self._gateways[n % len(self._gateways)], self._left.pop(0), n % 2 == 1
+
+    def _run(self) -> None:
+        timeout = httpx.Timeout(self.bound_s, connect=5.0)
+        with httpx.Client(timeout=timeout) as client:
+            while not self._stop.is_set():
+                try:
+                    gateway, model, stream = self._next()
+                except IndexError:
+                    return
+                out = self.one(client, gateway, model, stream)
+                with self._lock:
+                    self._outcomes.append(out)
+                time.sleep(self.pause_s)
+
+    def wait(self, timeout: float) -> Report:
+        """Wait until every model was asked for once (or ``timeout``), then stop."""
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return self.stop()
+
+
+def sim_state(sim_url: str) -> dict[str, Any]:
+    """The simulator's ``/_sim/state``: load calls, loads that succeeded, registered adapters."""
+    r = httpx.get(f"{sim_url}/_sim/state", timeout=5)
+    r.raise_for_status()
+    data: dict[str, Any] = r.json()
+    return data
+
+
+def loaded_on(sim_url: str) -> set[str]:
+    """The adapters the simulator has registered (its own ``/v1/models``)."""
+    r = httpx.get(f"{sim_url}/v1/models", timeout=5)
+    r.raise_for_status()
+    return {m["id"] for m in r.json()["data"] if m.get("parent")}
+
+
+def readyz(gateway_url: str) -> dict[str, Any]:
+    data: dict[str, Any] = httpx.get(f"{gateway_url}/readyz", timeout=5).json()
+    return data

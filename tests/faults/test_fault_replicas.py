@@ -22,7 +22,7 @@ import pytest
 from kit import localservices as ls
 from tests.gateway.gw_platform import Platform, run_platform
 
-from .harness import Traffic, seed, wait_served
+from .harness import Traffic, metric_sum, seed, wait_served
 
 pytestmark = [pytest.mark.faults, pytest.mark.xdist_group("faults")]
 
@@ -111,6 +111,12 @@ def test_replica_sigkill_mid_stream_every_request_accounted(plat: tuple[Platform
     assert calm.count("ok") == calm.sent >= 5, calm.summary()
     # streams the kill cut ended with an error event and [DONE]; none was cut silently
     assert report.between(0, t_kill).count("stream_error") >= 1, report.summary()
+    # finding 3: a stream cut mid-way is an error in the gateways' metrics (and access log), not a 200
+    cut = report.count("stream_error")
+    errors = sum(
+        metric_sum(g, "loraplane_gateway_errors_total", error="upstream_error") for g in p.gateway_urls
+    )
+    assert errors >= cut, (errors, report.summary())
     # requests after the failover settled succeed on the two replicas left
     assert after.count("ok") >= 0.95 * after.sent and after.sent >= 20, after.summary()
     assert during.sent >= 1
