@@ -213,7 +213,7 @@ class GatewayApp:
                 want_usage=True,
                 pinned=res.pinned,
             )
-            result = await self._forward(fwd, res)
+            result = await self._forward(fwd, res, tenant, receive)
         except GatewayError as e:
             if lease is not None:
                 await self._settle(lease, 0)
@@ -310,7 +310,9 @@ class GatewayApp:
             )
         return adm.lease
 
-    async def _forward(self, fwd: ForwardRequest, res: Resolution) -> ForwardResult:
+    async def _forward(
+        self, fwd: ForwardRequest, res: Resolution, tenant: TenantInfo, receive: Receive
+    ) -> ForwardResult:
         gw = self.gw
         # asyncio.timeout(request_timeout_s) without its context-manager object: one loop timer
         # that cancels this task, and that one cancellation turned into the 504.
@@ -319,9 +321,19 @@ class GatewayApp:
         cancelling = task.cancelling()
         expired: list[bool] = []
         timer = asyncio.get_running_loop().call_later(gw.settings.request_timeout_s, _expire, task, expired)
+        gone: list[bool] = []  # the client disconnected while waiting for a cold load
         try:
-            with gw.cold.enter(res.version):
-                result = await gw.router.forward(fwd)
+            with gw.cold.enter(res.version, tenant) as cold:
+                if not cold:
+                    result = await gw.router.forward(fwd)
+                else:  # a client that gives up frees its cold-waiter place at once (SPEC §15)
+                    watcher = asyncio.get_running_loop().create_task(
+                        _cancel_on_disconnect(receive, task, gone)
+                    )
+                    try:
+                        result = await gw.router.forward(fwd)
+                    finally:
+                        watcher.cancel()
         except RouterError as e:
             raise GatewayError(e.status, e.code, e.message, retry_after=e.retry_after) from None
         except TimeoutError:
@@ -329,6 +341,8 @@ class GatewayApp:
         except asyncio.CancelledError:
             if expired and task.uncancel() <= cancelling:
                 raise GatewayError(504, "upstream_timeout", "The replica did not answer in time.") from None
+            if gone and task.uncancel() <= cancelling:
+                raise GatewayError(499, "client_disconnected", "The client went away.") from None
             raise
         finally:
             timer.cancel()
@@ -580,6 +594,18 @@ def list_models(snap: RoutingSnapshot, tenant: TenantInfo) -> dict[str, Any]:
 
 def _expire(task: asyncio.Task[Any], expired: list[bool]) -> None:
     expired.append(True)
+    task.cancel()
+
+
+async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any], gone: list[bool]) -> None:
+    """Cancel ``task`` when the client disconnects (the request body was read already)."""
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # a broken receive channel: stop watching, the request goes on
+        log.debug("watching for a disconnect failed", exc_info=True)
+        return
+    gone.append(True)
     task.cancel()
 
 

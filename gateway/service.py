@@ -1,8 +1,8 @@
 """The gateway's moving parts in one object: routing table, router, limiter, auth, metrics.
 
 ``Gateway`` is what the ASGI app (``gateway.api``) serves; it owns the start/stop order
-(router first so the first snapshot reaches it, then the table) and the per-adapter cap on
-requests waiting for a cold load.
+(router first so the first snapshot reaches it, then the table) and the per-adapter and
+per-tenant caps on requests waiting for a cold load.
 """
 
 from __future__ import annotations
@@ -21,55 +21,91 @@ from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import Limiter, MemoryLimiter
 from gateway.settings import GatewaySettings
 from gateway.table import RoutingTable
-from registry.snapshot import VersionInfo
+from registry.snapshot import TenantInfo, VersionInfo
 from router.contract import RouterAPI
 
 log = logging.getLogger("loraplane.gateway")
 
-_NOTHING: AbstractContextManager[None] = contextlib.nullcontext()
+_WARM: AbstractContextManager[bool] = contextlib.nullcontext(False)
 
 
 class ColdLoadGate:
-    """Caps, per adapter, the requests waiting for a version that is not resident.
+    """Caps the requests waiting for a version that is not resident (SPEC §15): per adapter
+    (``cap``, ``LORAPLANE_COLD_LOAD_QUEUE_CAP``) and per tenant (the tenant's
+    ``max_cold_waiters``; None = unlimited). Beyond either cap: 503 ``no_capacity`` with
+    Retry-After at once, ``details`` naming the level and the limit.
 
-    A version is cold while no healthy replica holds it (the router's ``is_resident``, which
-    follows loads, evictions and unloads of every gateway process).
+    Counted in this gateway process: with N gateways a tenant may have up to N times its
+    ``max_cold_waiters`` waiting cluster-wide. A version is cold while no healthy replica holds it
+    (the router's ``is_resident``, which follows loads, evictions and unloads of every gateway
+    process); a request is counted from the moment it finds its version cold until the router
+    answers (first byte), fails, or the request is cancelled.
     """
+
+    RETRY_AFTER_S = 2
 
     def __init__(self, cap: int, is_resident: Callable[[str], bool]) -> None:
         self.cap = cap
         self._is_resident = is_resident
-        self.waiting: dict[str, int] = {}
+        self.waiting: dict[str, int] = {}  # adapter id → requests waiting for its load
+        self.tenant_waiting: dict[str, int] = {}  # tenant id → its requests waiting for a load
 
     def _cold(self, version: VersionInfo) -> bool:
         return not self._is_resident(version.lora_name)
 
-    def enter(self, version: VersionInfo | None) -> AbstractContextManager[None]:
-        """Context of one request for ``version``: counted while the version is cold."""
+    def enter(
+        self, version: VersionInfo | None, tenant: TenantInfo | None = None
+    ) -> AbstractContextManager[bool]:
+        """Context of one request of ``tenant`` for ``version``: counted while the version is cold.
+        Its value says whether the request is counted (the version was cold)."""
         if version is None or not self._cold(version):
-            return _NOTHING
-        return self._waiting(version)
+            return _WARM
+        return self._waiting(version, tenant)
+
+    def _full(self, level: str, limit: str, value: int, message: str) -> GatewayError:
+        details: dict[str, object] = {
+            "level": level,
+            "limit": limit,
+            "value": value,
+            "retry_after_s": self.RETRY_AFTER_S,
+        }
+        return GatewayError(503, "no_capacity", message, retry_after=self.RETRY_AFTER_S, details=details)
 
     @contextlib.contextmanager
-    def _waiting(self, version: VersionInfo) -> Iterator[None]:
+    def _waiting(self, version: VersionInfo, tenant: TenantInfo | None) -> Iterator[bool]:
         aid = version.adapter_id
-        n = self.waiting.get(aid, 0)
-        if n >= self.cap:
-            raise GatewayError(
-                503,
-                "no_capacity",
+        if self.waiting.get(aid, 0) >= self.cap:
+            raise self._full(
+                "adapter", "cold_load_queue_cap", self.cap,
                 f"Too many requests are waiting for the adapter `{aid}` to load; retry shortly.",
-                retry_after=2,
-            )
-        self.waiting[aid] = n + 1
+            )  # fmt: skip
+        # every tenant's waiters are counted, capped or not, so a cap set later sees them at once
+        tid = tenant.id if tenant is not None else None
+        cap = tenant.max_cold_waiters if tenant is not None else None
+        if tid is not None and cap is not None and self.tenant_waiting.get(tid, 0) >= cap:
+            raise self._full(
+                "tenant", "max_cold_waiters", cap,
+                f"Too many of this tenant's requests are waiting for adapters to load "
+                f"(max_cold_waiters {cap}); retry shortly.",
+            )  # fmt: skip
+        _add(self.waiting, aid, 1)
+        if tid is not None:
+            _add(self.tenant_waiting, tid, 1)
         try:
-            yield
+            yield True
         finally:
-            left = self.waiting[aid] - 1
-            if left:
-                self.waiting[aid] = left
-            else:
-                del self.waiting[aid]
+            _add(self.waiting, aid, -1)
+            if tid is not None:
+                _add(self.tenant_waiting, tid, -1)
+
+
+def _add(counts: dict[str, int], key: str, n: int) -> None:
+    """``counts[key] += n``; a key whose count reaches 0 is removed."""
+    left = counts.get(key, 0) + n
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 class Gateway:
