@@ -80,7 +80,7 @@ DESIGNED = {(429, "rate_limit_exceeded"), (503, "no_capacity"), (503, "adapter_l
 TIGHT_WORKERS = 3
 RSS_FLAT_MB, RSS_FLAT_PCT, FD_FLAT = 20.0, 10.0, 5
 FLAT_RULE = f"RSS growth start→end ≤ max({RSS_FLAT_MB:.0f} MB, {RSS_FLAT_PCT:.0f} %), FD growth ≤ {FD_FLAT}"
-console = Console(stderr=False)
+console = Console(stderr=False, width=150)
 
 
 def log(msg: str) -> None:
