@@ -16,7 +16,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import Limiter, MemoryLimiter, RedisLimiter
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
-from gateway.table import ChangeApplier, Feed, RoutingTable
+from gateway.table import AsyncLoader, ChangeApplier, Feed, RoutingTable
 from registry.snapshot import RoutingSnapshot
 from router.contract import RouterAPI
 
@@ -26,6 +26,13 @@ def snapshot_loader(engine: Engine) -> Callable[[], RoutingSnapshot]:
     from gateway.snapshot_source import make_snapshot_loader
 
     return make_snapshot_loader(engine)
+
+
+def async_snapshot_loader(engine: Engine) -> AsyncLoader | None:
+    """Whole loads on the event loop, built in slices (PostgreSQL); None: ``loader`` on a thread."""
+    from gateway.snapshot_source import make_async_snapshot_loader
+
+    return make_async_snapshot_loader(engine)
 
 
 def snapshot_applier(engine: Engine) -> ChangeApplier:
@@ -62,12 +69,14 @@ def build_gateway(
     manage_router: bool = True,
 ) -> Gateway:
     """A gateway whose routing table follows ``feed`` and pushes every snapshot to ``router``."""
+    load_async = None
     if loader is None:
         if engine is None:
             raise ValueError("build_gateway needs an engine or a loader")
-        loader = snapshot_loader(engine)
+        loader, load_async = snapshot_loader(engine), async_snapshot_loader(engine)
     table = RoutingTable(
         loader,
+        load_async=load_async,
         feed=feed,
         apply_changes=snapshot_applier(engine) if engine is not None else None,
         on_snapshot=router.update_snapshot,

@@ -1,7 +1,8 @@
 """The routing table: the registry's snapshot as the gateway sees it, kept fresh change by change.
 
 ``RoutingTable(loader, feed=..., apply_changes=..., on_snapshot=...)`` loads the whole snapshot
-at start (``loader`` is a blocking callable, run on a thread of its own), then follows the
+at start (``loader`` is a blocking callable, run on a thread of its own; ``load_async``, when
+given, is awaited instead: PostgreSQL builds it on the loop in slices), then follows the
 change feed: each ``Change(revision, subjects)`` is queued, and the table applies the queued
 run of consecutive revisions with one ``await apply_changes(snapshot, subjects, revision)``
 call (``gateway.snapshot_source``), which reads only those subjects' rows and returns a new
@@ -39,7 +40,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
@@ -51,6 +52,7 @@ log = logging.getLogger("loraplane.gateway.table")
 
 T = TypeVar("T")
 Loader = Callable[[], RoutingSnapshot]
+AsyncLoader = Callable[[], Awaitable[RoutingSnapshot]]
 
 NOTICE_GRACE_S = 1.0  # a revision check that finds the table behind waits this long for the feed
 REVISION_TIMEOUT_S = 10.0  # a revision read that hangs longer counts as a registry failure
@@ -80,6 +82,7 @@ class RoutingTable:
         self,
         loader: Loader,
         *,
+        load_async: AsyncLoader | None = None,
         feed: Feed | None = None,
         apply_changes: ChangeApplier | None = None,
         on_snapshot: Callable[[RoutingSnapshot], Any] | None = None,
@@ -89,6 +92,7 @@ class RoutingTable:
         batch_window_s: float = 0.02,
     ) -> None:
         self._loader = loader
+        self._load_async = load_async
         self._apply = apply_changes
         self._feed = feed
         self._on_snapshot = on_snapshot
@@ -252,6 +256,11 @@ class RoutingTable:
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    async def _load_whole(self) -> RoutingSnapshot:
+        if self._load_async is not None:
+            return await self._load_async()
+        return await self._in_thread(self._loader)
+
     def _failed(self, e: Exception) -> None:
         self.last_error = f"{type(e).__name__}: {e}"[:500]
         if not self.stale:
@@ -264,7 +273,7 @@ class RoutingTable:
     async def _reload(self) -> bool:
         t0 = time.perf_counter()
         try:
-            snap = await self._in_thread(self._loader)
+            snap = await self._load_whole()
         except Exception as e:  # any registry failure keeps the last snapshot
             self._failed(e)
             return False
@@ -357,7 +366,7 @@ class RoutingTable:
         table at the same revision, an incremental apply went wrong: say so and replace it."""
         t0 = time.perf_counter()
         try:
-            snap = await self._in_thread(self._loader)
+            snap = await self._load_whole()
         except Exception as e:  # any registry failure keeps the last snapshot
             self._failed(e)
             self._wanted.set()  # ``_run`` retries every ``retry_s``

@@ -3,7 +3,8 @@
 their grants and live keys, base models — each by a list of ids, in chunked ``IN`` queries
 through a session, or (PostgreSQL, ``subject_rows_pg``) all in one statement on an async
 psycopg connection, which is what a gateway uses to apply a change in one round trip; and
-(``all_rows_pg``) every routing row in one statement, for a gateway's whole reloads."""
+(``all_rows_pg``, ``all_rows_pg_text``) every routing row in one statement, for a gateway's
+whole reloads."""
 
 from __future__ import annotations
 
@@ -135,3 +136,18 @@ def all_rows_pg(conn: psycopg.Connection[Any]) -> SubjectRows:
     assert row is not None
     rev, *tables = row
     return SubjectRows(int(rev or 0), *[[SimpleNamespace(**r) for r in t] for t in tables])
+
+
+# ``ALL_ROWS_PG`` with every table as JSON text: nothing is parsed while the rows arrive, so a
+# caller on an event loop can parse and build them in slices (``load_snapshot_pg_async``).
+ALL_ROWS_PG_TEXT = ALL_ROWS_PG.replace("'[]')", "'[]')::text")
+assert ALL_ROWS_PG_TEXT.count("::text") == 7
+
+
+async def all_rows_pg_text(conn: psycopg.AsyncConnection[Any]) -> tuple[int, list[str]]:
+    """The revision and every routing table as a JSON array in text, in one round trip."""
+    cur = await conn.execute(ALL_ROWS_PG_TEXT)
+    row = await cur.fetchone()
+    assert row is not None
+    rev, *tables = row
+    return int(rev or 0), [str(t) for t in tables]

@@ -22,6 +22,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.build import snapshot_applier, snapshot_loader
+from gateway.snapshot_source import PostgresSnapshotLoader
 from gateway.table import RoutingTable
 from kit import localservices as ls
 from kit.db import make_engine, make_session_factory, session_scope
@@ -331,7 +332,9 @@ async def test_served_state_after_random_changes_equals_a_full_reload(
         assert table.reloads == 1 and table.gaps == 0 and table.applies > 0
         snap = table.snapshot
         assert snap is not None and snap == full(factory)
-        assert snapshot_loader(engine)() == snap  # the gateway's one-statement whole load agrees
+        assert snapshot_loader(engine)() == snap  # the gateway's one-statement whole loads agree
+        loader = PostgresSnapshotLoader(engine)
+        assert await loader.load_async() == snap
         assert snap.owners and any(
             x.limits.rpm for x in snap.adapters.values()
         )  # owners and limits were changed

@@ -1,8 +1,9 @@
 """The routing table's safety net and its age (real PostgreSQL, LISTEN/NOTIFY): while nothing
 changes it reads only the registry's revision, never the whole table; a change whose notice
-never came is found by that read within a safety-net period and reloaded; and
+never came is found by that read within a safety-net period and reloaded;
 ``loraplane_snapshot_age_seconds`` on the gateway's /metrics grows while the registry database
-refuses connections and drops back once it is reachable again."""
+refuses connections and drops back once it is reachable again; and a whole load on the event
+loop is built in slices that let other tasks run, and equals the blocking load."""
 
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ import pytest
 from sqlalchemy import Engine
 
 from gateway.api import create_gateway_app
-from gateway.build import build_gateway, snapshot_applier
+from gateway.build import build_gateway, snapshot_applier, snapshot_loader
 from gateway.settings import GatewaySettings
 from gateway.table import RoutingTable
 from kit import localservices as ls
 from kit.db import make_engine, make_session_factory
 from registry import migrate
-from registry.feed import PostgresNotifyFeed
+from registry.feed import PostgresNotifyFeed, libpq_dsn
+from registry.repositories.routing import all_rows_pg_text
 from registry.services import lifecycle
+from registry.services.snapshot import SLICE_ROWS, load_snapshot_pg_async, snapshot_from_json
 
 from .gw_fakes import FakeRouter
 from .test_gw_table_apply import Counted, full, seed, wait_revision, write
@@ -173,3 +176,34 @@ async def test_snapshot_age_metric_grows_while_postgres_refuses_and_drops_after(
         await client.aclose()
         await gw.stop()
         gw_engine.dispose()
+
+
+async def test_whole_load_on_the_loop_is_built_in_slices_and_equals_the_blocking_load(
+    engine: Engine, pg_db: str
+) -> None:
+    factory = make_session_factory(engine)
+    seed(factory, "slice", SLICE_ROWS + 20)  # two slices of adapters
+    write(factory, None, lambda s: lifecycle.promote(s, "slice-7", "v2", actor="t"))
+    ticks = 0
+    done = asyncio.Event()
+
+    async def ticker() -> None:  # another task on the loop: counts its turns during the load
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async with await psycopg.AsyncConnection.connect(libpq_dsn(pg_db), autocommit=True) as conn:
+        revision, texts = await all_rows_pg_text(conn)  # the round trip (the loop is free meanwhile)
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        snap = await snapshot_from_json(revision, texts, slice_s=0.0)  # yield after every slice
+        during = ticks - before
+        done.set()
+        await task
+        # 7 tables parsed, versions grouped, 2 slices of adapters, 1 of tenants (no keys)
+        assert during >= 11, during
+        assert await load_snapshot_pg_async(conn) == snap
+    assert snap == full(factory) == snapshot_loader(engine)()
+    assert snap.adapters["slice-7"].active_version == "v2" and len(snap.adapters) == SLICE_ROWS + 20
