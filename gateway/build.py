@@ -82,6 +82,7 @@ def build_gateway(
         on_snapshot=router.update_snapshot,
         refresh_s=settings.snapshot_refresh_s,
         verify_s=settings.snapshot_verify_s,
+        freeze_gc=True,  # once, after the first load: see RoutingTable._freeze
     )
     return Gateway(
         settings,

@@ -2,13 +2,15 @@
 changes it reads only the registry's revision, never the whole table; a change whose notice
 never came is found by that read within a safety-net period and reloaded;
 ``loraplane_snapshot_age_seconds`` on the gateway's /metrics grows while the registry database
-refuses connections and drops back once it is reachable again; and a whole load on the event
-loop is built in slices that let other tasks run, and equals the blocking load."""
+refuses connections and drops back once it is reachable again; a whole load on the event
+loop is built in slices that let other tasks run, and equals the blocking load; and a gateway's
+table freezes the objects alive after its first load out of the cyclic collector, once."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -30,7 +32,7 @@ from registry.repositories.routing import all_rows_pg_text
 from registry.services import lifecycle
 from registry.services.snapshot import SLICE_ROWS, load_snapshot_pg_async, snapshot_from_json
 
-from .gw_fakes import FakeRouter
+from .gw_fakes import FakeRouter, make_snapshot
 from .test_gw_table_apply import Counted, full, seed, wait_revision, write
 
 REFRESH_S = 0.4
@@ -207,3 +209,25 @@ async def test_whole_load_on_the_loop_is_built_in_slices_and_equals_the_blocking
         assert await load_snapshot_pg_async(conn) == snap
     assert snap == full(factory) == snapshot_loader(engine)()
     assert snap.adapters["slice-7"].active_version == "v2" and len(snap.adapters) == SLICE_ROWS + 20
+
+
+async def test_first_whole_load_freezes_the_objects_alive_once() -> None:
+    snap, _ = make_snapshot()
+    table = RoutingTable(lambda: snap, refresh_s=60, freeze_gc=True)
+    assert gc.get_freeze_count() == 0
+    try:
+        await table.start()
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000  # this process's modules and objects
+        kept = [[] for _ in range(1000)]  # alive at the next load: not frozen (no second freeze)
+        assert await table.reload()
+        assert gc.get_freeze_count() < frozen + len(kept)  # frozen ones may be freed meanwhile
+    finally:
+        await table.stop()
+        gc.unfreeze()  # leave the test process as it was
+    quiet = RoutingTable(lambda: snap, refresh_s=60)  # the default: never freezes
+    try:
+        await quiet.start()
+        assert gc.get_freeze_count() == 0
+    finally:
+        await quiet.stop()
