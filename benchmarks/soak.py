@@ -57,6 +57,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
@@ -115,18 +116,82 @@ def session_pids(leader: int) -> list[int]:
     return out or [leader]
 
 
-def proc_usage(leader: int) -> dict[str, Any]:
+_TICK = os.sysconf("SC_CLK_TCK")
+_TCP_STATES = {"01": "", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN"}
+
+
+def _sockets(pid: int, ports: dict[int, str]) -> dict[str, str]:
+    """Socket inode → what it is: ``listen``, ``in:<server>`` (a connection to one of the
+    platform's servers, seen from that server), ``out:<server>``, ``tcp:other``, ``unix``;
+    ``CLOSE_WAIT`` sockets (the peer closed, this side did not) are marked."""
+    out: dict[str, str] = {}
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for ln in lines:
+            f = ln.split()
+            lport, rport, state = int(f[1].rsplit(":", 1)[1], 16), int(f[2].rsplit(":", 1)[1], 16), f[3]
+            st = _TCP_STATES.get(state, state)
+            if st == "LISTEN":
+                label = "listen"
+            elif lport in ports and rport not in ports:
+                label = f"in:{ports[lport]}"
+            elif rport in ports:
+                label = f"out:{ports[rport]}"
+            else:
+                label = "tcp:other"
+            out[f[9]] = label + (f" {st}" if st in ("CLOSE_WAIT", "TIME_WAIT") else "")
+    with contextlib.suppress(OSError):
+        for ln in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]:
+            f = ln.split()
+            if len(f) >= 7:
+                out.setdefault(f[6], "unix")
+    return out
+
+
+def proc_usage(leader: int, ports: dict[int, str] | None = None) -> dict[str, Any]:
+    """RSS, open FDs (by kind when ``ports`` is given), threads and CPU seconds of ``leader``'s
+    session (the process and its children)."""
     rss_kb = fds = threads = 0
+    cpu = 0.0
+    kinds: Counter[str] = Counter()
     pids = session_pids(leader)
     for pid in pids:
         try:
             status = Path(f"/proc/{pid}/status").read_text()
             rss_kb += int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
             threads += int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
-            fds += len(os.listdir(f"/proc/{pid}/fd"))
-        except (OSError, AttributeError):
+            st = _stat_fields(pid)
+            cpu += (int(st[11]) + int(st[12])) / _TICK
+            names = os.listdir(f"/proc/{pid}/fd")
+            fds += len(names)
+            if ports is not None:
+                socks = _sockets(pid, ports)
+                for n in names:
+                    with contextlib.suppress(OSError):
+                        link = os.readlink(f"/proc/{pid}/fd/{n}")
+                        if link.startswith("socket:["):
+                            kinds[socks.get(link[8:-1], "socket:other")] += 1
+                        elif link.startswith(("pipe:", "anon_inode:")):
+                            kinds[link.split("[")[0].rstrip(":")] += 1
+                        elif link.startswith("/dev/"):
+                            kinds["dev"] += 1
+                        else:
+                            kinds["file"] += 1
+        except (OSError, AttributeError, IndexError, ValueError):
             continue
-    return {"rss_mb": round(rss_kb / 1024, 1), "fds": fds, "threads": threads, "procs": len(pids)}
+    out: dict[str, Any] = {
+        "rss_mb": round(rss_kb / 1024, 1),
+        "fds": fds,
+        "threads": threads,
+        "procs": len(pids),
+        "cpu_s": round(cpu, 2),
+    }
+    if ports is not None:
+        out["fd_kinds"] = dict(sorted(kinds.items()))
+    return out
 
 
 def dir_bytes(path: Path) -> int:
@@ -143,6 +208,7 @@ def dir_bytes(path: Path) -> int:
 @dataclass
 class Sampler:
     procs: dict[str, int]  # name → session leader pid
+    ports: dict[int, str]  # the platform's listening ports → server name (to tell sockets apart)
     gateway_urls: list[str]
     staging: Path
     samples: list[dict[str, Any]] = field(default_factory=list)
@@ -154,7 +220,7 @@ class Sampler:
             "t_s": round(time.monotonic() - self.t0, 1),
             "label": label,
             "load_avg": [round(x, 2) for x in os.getloadavg()],
-            "procs": {name: proc_usage(pid) for name, pid in self.procs.items()},
+            "procs": {name: proc_usage(pid, self.ports) for name, pid in self.procs.items()},
             "staging_mb": round(dir_bytes(self.staging) / 2**20, 2),
             "metrics_kb": {},
         }
@@ -447,6 +513,7 @@ async def drive(
         named["start"] = await asyncio.to_thread(sampler.take, "start")
         log(f"start: {summary_line(named['start'])}")
         await asyncio.sleep(args.duration_s / 2)
+        t_middle = time.monotonic()
         named["middle"] = await asyncio.to_thread(sampler.take, "middle")
         log(f"middle: {summary_line(named['middle'])}; {len(traffic.outcomes)} requests so far")
         await asyncio.sleep(args.duration_s / 2)
@@ -462,6 +529,7 @@ async def drive(
     return {
         "named": named,
         "t_start": t_start,
+        "t_middle": t_middle,
         "t_end": t_end,
         "replica_max_adapters": most,
     }
@@ -551,6 +619,16 @@ def growth(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def server_ports(p: Platform, s3: ls.S3Server, redis_url: str) -> dict[int, str]:
+    def port(url: str, default: int) -> int:
+        return urlsplit(url).port or default
+
+    ports = {port(redis_url, 6379): "redis", port(ls.pg_server_url(), 5432): "postgres"}
+    ports |= {port(s3.endpoint_url, 80): "s3", port(p.admin_url, 80): "registry"}
+    ports |= {port(u, 80): "gateway" for u in p.gateway_urls} | {port(u, 80): "replica" for u in p.sim_urls}
+    return ports
+
+
 def setup(p: Platform, n_adapters: int) -> tuple[list[str], dict[str, str], dict[str, list[str]]]:
     ids = [f"soak-{i:02d}" for i in range(n_adapters)]
     for aid in ids:
@@ -614,6 +692,13 @@ def report(out: dict[str, Any]) -> None:
     console.print(t)
     n = out["named_extra"]
     console.print(f"staging MB start/middle/end: {n['staging_mb']}; gateway /metrics KB: {n['metrics_kb']}")
+    for name, g in out["processes"].items():
+        per_req = g.get("cpu_ms_per_request_halves")
+        console.print(
+            f"{name}: CPU s first/second half {g['cpu_s_halves']}"
+            + (f", CPU ms per request {per_req} ({g['requests_halves']} requests)" if per_req else "")
+            + f"; FDs start {g['start']['fd_kinds']}, change {g['fd_kinds_change']}"
+        )
     console.print(f"load average samples (1-min): {out['machine']['load_avg_1m']}")
     for name, lg in out["logs"].items():
         if lg.get("error_lines"):
@@ -745,7 +830,7 @@ def main() -> None:
             names["s3 (weed)"] = s3.process.pid
             procs = {k: v for k, v in names.items() if v is not None}
             sim_logs = {f"simulator-{i}": sim.log_path for i, sim in enumerate(p.sims, 1)}
-            sampler = Sampler(procs, p.gateway_urls, p.workdir / "staging")
+            sampler = Sampler(procs, server_ports(p, s3, redis_url), p.gateway_urls, p.workdir / "staging")
             traffic = Traffic(
                 p.gateway_urls, keys, grants, args.max_tokens, args.stream_fraction, args.request_timeout_s
             )
@@ -774,6 +859,13 @@ def main() -> None:
         s3.stop()
     soak = [o for o in traffic.outcomes if o.phase == "soak" and run["t_start"] <= o.t <= run["t_end"]]
     warm = [o for o in traffic.outcomes if o.phase == "warmup"]
+    halves = {
+        f"gateway-{g + 1}": (
+            sum(1 for o in soak if o.gateway == g and o.t < run["t_middle"]),
+            sum(1 for o in soak if o.gateway == g and o.t >= run["t_middle"]),
+        )
+        for g in range(len(traffic.gateway_urls))
+    }
     base = min((o.t for o in traffic.outcomes), default=0.0)
     for o in traffic.outcomes:
         o.t -= base
@@ -791,7 +883,19 @@ def main() -> None:
             "rss_slope_mb_per_min": slope(
                 [(x["t_s"], x["procs"][name]["rss_mb"]) for x in sampler.samples if a_t <= x["t_s"] <= e_t]
             ),
+            "fd_kinds_change": {
+                k: e["fd_kinds"].get(k, 0) - a["fd_kinds"].get(k, 0)
+                for k in sorted(set(a["fd_kinds"]) | set(e["fd_kinds"]))
+                if e["fd_kinds"].get(k, 0) != a["fd_kinds"].get(k, 0)
+            },
+            "cpu_s_halves": [round(m["cpu_s"] - a["cpu_s"], 1), round(e["cpu_s"] - m["cpu_s"], 1)],
         }
+        if name in halves:
+            processes[name]["requests_halves"] = list(halves[name])
+            processes[name]["cpu_ms_per_request_halves"] = [
+                round(1000 * c / n, 2) if n else None
+                for c, n in zip(processes[name]["cpu_s_halves"], halves[name], strict=True)
+            ]
     churn_by_kind = {}
     in_soak = [op for op in churn.ops if run["t_start"] <= op[0] <= run["t_end"]]
     for k in sorted({op[1] for op in in_soak}):
