@@ -6,7 +6,8 @@ registry`, SQLite) and the gateway (`loraplane serve --role gateway`: auth, mode
 rate limits — Redis by default, ``--limiter memory`` for the in-memory one — routing, usage
 settlement, metrics, one JSON log line per request) as separate processes; a tenant with
 generous rpm/tpm; ``--adapters`` adapters made resident before measuring. LiteLLM
-(``litellm[proxy]==1.108.*``, installed by this script into its own virtualenv, one worker,
+(``litellm[proxy]==1.108.*`` in its own virtualenv: ``--litellm`` or ``$LORAPLANE_LITELLM``, else
+``<repo>/.venv-litellm``, else installed by this script into ``$LORAPLANE_BENCH_DIR``; one worker,
 ``LITELLM_LOCAL_MODEL_COST_MAP=True``) routes the same model names to the same replica
 (``openai/<lora_name>``), with a virtual key and an rpm limit from its ``custom_auth`` hook.
 
@@ -17,9 +18,12 @@ byte (and its p50 added over direct), and the CPU the answering process spent pe
 (utime + stime from ``/proc/<pid>/stat`` before and after each row, over every request that
 row completed, warm-up included: the replica for "direct", the gateway process, the LiteLLM
 worker with its child processes), which stays comparable when other jobs load the machine.
-Writes ``benchmarks/results/gateway.json``.
+The load average (1 min) is recorded before and after each row. ``--profile DIR`` samples the
+gateway with py-spy during its rows (one collapsed-stack file per row). Writes
+``benchmarks/results/gateway.json``.
 
     .venv/bin/python benchmarks/gateway.py [--concurrency 1,32,128] [--duration 5] [--skip-litellm]
+        [--litellm PATH] [--modes plain,stream] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -88,8 +92,26 @@ def cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def load_avg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def find_litellm(given: str | None) -> Path | None:
+    """The ``litellm`` executable: ``--litellm`` / ``LORAPLANE_LITELLM`` (the executable or its
+    virtualenv), else ``<repo>/.venv-litellm`` when it exists; None → install (``ensure_litellm``)."""
+    for cand in (given, os.environ.get("LORAPLANE_LITELLM")):
+        if cand:
+            p = Path(cand).expanduser()
+            exe = p / "bin" / "litellm" if p.is_dir() else p
+            if not exe.exists():
+                raise SystemExit(f"no LiteLLM executable at {exe}")
+            return exe
+    local = ROOT / ".venv-litellm" / "bin" / "litellm"
+    return local if local.exists() else None
 
 
 def ensure_litellm() -> Path | None:
@@ -109,6 +131,17 @@ def ensure_litellm() -> Path | None:
         return None
     marker.write_text(LITELLM_SPEC)
     return exe
+
+
+def litellm_version(exe: Path) -> str:
+    try:
+        out = subprocess.run(
+            [str(exe.parent / "python"), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        return f"litellm[proxy]=={out.stdout.strip()}"
+    except (subprocess.SubprocessError, OSError):
+        return LITELLM_SPEC
 
 
 # ---------------------------------------------------------------------------------- load
@@ -338,18 +371,44 @@ def fmt(v: Any) -> str:
     return "-" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
 
 
+def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling ``pid`` (collapsed stacks, one line per stack with its sample count)."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(exe).exists():
+        log("py-spy not found: pip install py-spy")
+        return None
+    return subprocess.Popen(
+        [exe, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 async def measure(
-    targets: dict[str, tuple[str, str, list[str], int]], concs: list[int], duration: float
+    targets: dict[str, tuple[str, str, list[str], int]],
+    concs: list[int],
+    duration: float,
+    profile: Path | None = None,
+    modes: tuple[bool, ...] = (False, True),
 ) -> list[dict[str, Any]]:
     rows = []
-    for stream in (False, True):
+    for stream in modes:
         for c in concs:
             base: dict[str, Any] | None = None
             for name, (url, key, models, pid) in targets.items():
+                spy = None
+                if profile is not None and name == "gateway":
+                    spy = start_profile(pid, profile / f"gateway-{'stream' if stream else 'plain'}-c{c}.txt")
+                    await asyncio.sleep(1.0)  # py-spy attached before the load starts
+                la0 = load_avg()
                 cpu0 = cpu_seconds(pid)
                 res = await run_load(url, key, models, concurrency=c, duration=duration, stream=stream)
                 cpu = cpu_seconds(pid) - cpu0
+                if spy is not None:
+                    spy.send_signal(2)  # SIGINT: py-spy writes its file and exits
+                    spy.wait(30)
                 res["cpu_ms_per_req"] = round(cpu * 1000 / res["completed"], 3) if res["completed"] else None
+                res["load_avg_1m"] = [la0[0], load_avg()[0]]
                 row = {"target": name, "stream": stream, "concurrency": c, **res}
                 if name == "direct":
                     base = res
@@ -375,12 +434,27 @@ def main() -> None:
     ap.add_argument("--adapters", type=int, default=3)
     ap.add_argument("--limiter", choices=["redis", "memory"], default="redis")
     ap.add_argument("--skip-litellm", action="store_true")
+    ap.add_argument(
+        "--litellm",
+        default=None,
+        help="LiteLLM executable or its virtualenv (else $LORAPLANE_LITELLM, else <repo>/.venv-litellm, "
+        "else installed into $LORAPLANE_BENCH_DIR/litellm-venv)",
+    )
+    ap.add_argument("--modes", default="plain,stream", help="plain, stream or both")
+    ap.add_argument(
+        "--profile", default=None, help="folder: py-spy (collapsed stacks) of the gateway per row"
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gateway.json"))
     args = ap.parse_args()
     concs = [int(x) for x in args.concurrency.split(",")]
     from simulator.procs import start_simulators, stop_all
 
-    exe = None if args.skip_litellm else ensure_litellm()
+    modes = tuple(m == "stream" for m in args.modes.split(","))
+    profile = Path(args.profile) if args.profile else None
+    if profile is not None:
+        profile.mkdir(parents=True, exist_ok=True)
+    exe = None if args.skip_litellm else (find_litellm(args.litellm) or ensure_litellm())
+    la_start = load_avg()
     work = Path(tempfile.mkdtemp(prefix="lp-bench-gw-"))
     sims = start_simulators(1, extra_args=["--zero-latency", "--max-loras", "8", "--max-num-seqs", "1024"])
     procs: list[ManagedProcess] = []
@@ -402,7 +476,7 @@ def main() -> None:
             procs.append(lproc)
             assert lproc.pid is not None
             targets["litellm"] = (f"{lurl}/v1/chat/completions", "sk-bench-tenant", models, lproc.pid)
-        rows = asyncio.run(measure(targets, concs, args.duration))
+        rows = asyncio.run(measure(targets, concs, args.duration, profile, modes))
     finally:
         stop_procs(procs, grace_s=15)
         stop_all(sims)
@@ -418,6 +492,14 @@ def main() -> None:
                 "cpu_ms_per_req_gateway": g.get("cpu_ms_per_req"),
                 "cpu_ms_per_req_litellm": lt.get("cpu_ms_per_req"),
             }
+            if g.get("cpu_ms_per_req") and lt.get("cpu_ms_per_req"):
+                summary[f"c{c}"]["cpu_litellm_over_gateway"] = round(
+                    lt["cpu_ms_per_req"] / g["cpu_ms_per_req"], 1
+                )
+            if g.get("added_p50_ms") and lt.get("added_p50_ms"):
+                summary[f"c{c}"]["added_p50_litellm_over_gateway"] = round(
+                    lt["added_p50_ms"] / g["added_p50_ms"], 1
+                )
         gs = by.get(("gateway", True, c))
         if gs:
             summary.setdefault(f"c{c}", {})["added_ttfb_p50_ms_gateway"] = gs.get("added_ttfb_p50_ms")
@@ -426,12 +508,17 @@ def main() -> None:
     out = {
         "benchmark": "gateway",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_avg_start": la_start,
+            "load_avg_end": load_avg(),
+        },
         "settings": {
             "duration_s": args.duration,
             "adapters": args.adapters,
             "limiter": args.limiter,
-            "litellm": LITELLM_SPEC if exe else None,
+            "litellm": litellm_version(exe) if exe else None,
             "max_tokens": 16,
         },
         "rows": rows,

@@ -34,7 +34,7 @@ from router.contract import (
     RouterError,
 )
 from router.directory import DirectoryPublisher, LocalReplicaDirectory
-from router.drivers import ModelsInfo, make_driver
+from router.drivers import EngineDriver, ModelsInfo, make_driver
 from router.fallback import Fallback
 from router.hotness import HotSet
 from router.loader import Loader
@@ -90,6 +90,7 @@ class Router:
         self.cluster = cluster
         self.snapshot: RoutingSnapshot | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._drivers: dict[str, EngineDriver] = {}
         self._store: ReplicaStore | None = None
         self._loader: Loader | None = None
         self._unloader: Unloader | None = None
@@ -114,7 +115,7 @@ class Router:
         stream_timeout = aiohttp.ClientTimeout(
             total=None, connect=s.connect_timeout_s, sock_read=s.upstream_idle_timeout_s
         )
-        drivers = {
+        drivers = self._drivers = {
             p.name: make_driver(
                 p.engine,
                 session,
@@ -187,6 +188,8 @@ class Router:
         if self._store is not None:
             await self._store.stop()
         await self.cluster.stop()
+        for driver in self._drivers.values():
+            await driver.aclose()
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -18,7 +18,7 @@ import aiohttp
 import orjson
 
 from router.contract import ForwardResult, UpstreamError, UpstreamTimeout, Usage
-from router.drivers.base import Retryable
+from router.drivers.base import Retryable, UpstreamResponse
 
 log = logging.getLogger("loraplane.router.forward")
 
@@ -100,7 +100,7 @@ class StreamRelay:
 
     def __init__(
         self,
-        resp: aiohttp.ClientResponse,
+        resp: UpstreamResponse,
         rewriter: Rewriter,
         result: ForwardResult,
         *,
@@ -226,7 +226,7 @@ class StreamRelay:
             self._on_end()
 
 
-async def read_body(resp: aiohttp.ClientResponse) -> bytes:
+async def read_body(resp: UpstreamResponse) -> bytes:
     try:
         return await resp.read()
     except (aiohttp.ClientError, OSError) as exc:

@@ -8,10 +8,9 @@ adapter. Placement and forwarding only see the results below.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
-
-import aiohttp
 
 LoadFailure = Literal["not_found", "rejected", "timeout", "replica_down", "conflict", "other"]
 
@@ -85,6 +84,39 @@ class Retryable(Exception):
         self.answered = answered  # the replica answered (5xx, unknown model): about this model
 
 
+class UpstreamBody(Protocol):
+    def iter_any(self) -> AsyncIterator[bytes]:
+        """The body as it arrives: all the bytes available at each step."""
+        ...
+
+
+class UpstreamResponse(Protocol):
+    """A replica's answer, headers read (``router.drivers.http1.Response``, or aiohttp's). Reading
+    raises ``OSError`` (the connection failed) or ``TimeoutError``."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def content(self) -> UpstreamBody: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def read(self) -> bytes: ...
+
+    def release(self) -> object:
+        """Done with the answer (read to its end): the connection may serve the next request."""
+        ...
+
+    def close(self) -> None:
+        """Abandon the answer: the connection is dropped (the replica sees the disconnect)."""
+        ...
+
+
 class EngineDriver(Protocol):
     """One engine's HTTP API. Implementations translate library errors into these results."""
 
@@ -104,7 +136,7 @@ class EngineDriver(Protocol):
 
     async def send(
         self, url: str, endpoint: str, body: bytes, request_id: str, *, stream: bool
-    ) -> aiohttp.ClientResponse:
+    ) -> UpstreamResponse:
         """POST an inference request (``endpoint``: ``chat/completions`` | ``completions``) and
         return the response with its headers read. Non-streaming: the whole answer is bounded
         by the request timeout; streaming: each read by the idle timeout (no bound on a stream
@@ -121,3 +153,7 @@ class EngineDriver(Protocol):
         ...
 
     def auth_headers(self) -> dict[str, str]: ...
+
+    async def aclose(self) -> None:
+        """Close the connections of the inference path (the router's stop)."""
+        ...

@@ -28,7 +28,16 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.contract import UpstreamTimeout
-from router.drivers.base import AnswerKind, LoadResult, MetricsSample, ModelsInfo, Retryable, UnloadResult
+from router.drivers.base import (
+    AnswerKind,
+    LoadResult,
+    MetricsSample,
+    ModelsInfo,
+    Retryable,
+    UnloadResult,
+    UpstreamResponse,
+)
+from router.drivers.http1 import ConnectError, Disconnected, Http1Client
 
 # vLLM's own message for an adapter the engine refused (``InternalServerError``, (as vLLM 0.32 does);
 # checked together with the error type, never alone.
@@ -96,10 +105,23 @@ class VllmDriver:
             total=None, connect=2.0, sock_read=30.0
         )
         self._json = {"Content-Type": "application/json", **self._auth}
+        # Inference requests to plain-http replicas go through the lean client (same timeouts
+        # and connection cap as the session); anything else through aiohttp.
+        limit = session.connector.limit_per_host if session.connector is not None else 0
+        self._http1 = Http1Client(
+            connect_s=self._timeout.connect or self._stream_timeout.connect or 2.0,
+            max_per_host=limit,
+            headers=self._auth,
+        )
+
+    async def aclose(self) -> None:
+        await self._http1.aclose()
 
     async def send(
         self, url: str, endpoint: str, body: bytes, request_id: str, *, stream: bool
-    ) -> aiohttp.ClientResponse:
+    ) -> UpstreamResponse:
+        if url.startswith("http://"):
+            return await self._send_http1(url, endpoint, body, request_id, stream=stream)
         headers = {**self._json, "X-Request-Id": request_id}
         try:
             return await self._session.post(
@@ -117,6 +139,25 @@ class VllmDriver:
             raise Retryable(f"replica request failed: {exc}") from exc
         except TimeoutError as exc:
             raise UpstreamTimeout("replica did not answer in time") from exc
+
+    async def _send_http1(
+        self, url: str, endpoint: str, body: bytes, request_id: str, *, stream: bool
+    ) -> UpstreamResponse:
+        path = f"/v1/{endpoint}"
+        try:
+            if stream:
+                idle = self._stream_timeout.sock_read
+                return await self._http1.post(url, path, body, request_id, read_s=idle)
+            return await self._http1.post(url, path, body, request_id, total_s=self._timeout.total)
+        except ConnectError as exc:
+            raise Retryable(f"cannot connect to replica: {exc}", replica_down=True) from exc
+        except Disconnected as exc:
+            # Often a pooled keep-alive connection the replica had closed: retry, keep it in rotation.
+            raise Retryable(f"replica closed the connection: {exc}") from exc
+        except TimeoutError as exc:
+            raise UpstreamTimeout("replica did not answer in time") from exc
+        except OSError as exc:
+            raise Retryable(f"replica request failed: {exc}") from exc
 
     def classify_answer(self, status: int, *, adapter: bool) -> AnswerKind:
         """5xx: the replica is in trouble (retry elsewhere). 404 for an adapter request: vLLM's
