@@ -21,6 +21,7 @@ from registry.console.session import SessionCodec
 from registry.services import adapters as adapter_svc
 from registry.services import audit as audit_svc
 from registry.services import principals as principal_svc
+from registry.services import tenants as tenant_svc
 
 CONSOLE = "/admin/ui"
 
@@ -176,6 +177,31 @@ def test_bad_input_gets_a_clear_page_never_a_500(client: TestClient) -> None:
     for page, (status, text) in cases.items():
         r = client.get(CONSOLE + page)
         assert r.status_code == status and text in r.text, (page, r.status_code, r.text[-600:])
+
+
+def test_tenant_pages_show_every_tenant_limit_including_max_cold_waiters(
+    app: FastAPI, client: TestClient
+) -> None:
+    st: AdminState = app.state.admin
+    with session_scope(st.factory) as s:
+        tenant_svc.update_tenant(s, "tenant-02", {"limits": {"max_cold_waiters": 7}}, actor="test")
+    _sign_in(client)
+    listing = client.get(f"{CONSOLE}/tenants").text
+    assert '<th scope="col">Max cold waiters</th>' in listing
+    row = re.search(r'<tr><th scope="row"><a href="[^"]*/tenants/tenant-02">.*?</tr>', listing, re.S)
+    assert row is not None
+    assert re.findall(r"<td>([^<]*)</td>", row.group(0)) == [
+        "tenant-02",
+        "600",
+        "unlimited",
+        "unlimited",
+        "7",
+        "no",
+    ]
+    page = client.get(f"{CONSOLE}/tenants/tenant-02").text
+    assert '<dd id="max-cold-waiters">7</dd>' in page
+    other = client.get(f"{CONSOLE}/tenants/tenant-03").text
+    assert '<dd id="max-cold-waiters">unlimited</dd>' in other
 
 
 def test_posts_need_the_session_csrf_token(client: TestClient) -> None:
