@@ -20,6 +20,32 @@ from registry.services import tenants as tenant_svc
 router = APIRouter()
 
 Opt = Annotated[str | None, Query()]
+
+# The audit page's filters: every action the product writes — SPEC §13's (``audit_svc.ACTIONS``)
+# and those of governance, serving policies, quality and canary analysis (SPEC §14–16) and the
+# README's additions — and every subject type it writes (promotion events are about an adapter).
+AUDIT_ACTIONS = (
+    *audit_svc.ACTIONS,
+    "base_model.updated",
+    "owner.limits_updated",
+    "adapter.fallback",
+    "adapter.wrong_adapter",
+    "promotion.requested",
+    "promotion.approved",
+    "promotion.rejected",
+    "promotion.executed",
+    "version.canary_aborted",
+    "regression_set.uploaded",
+    "quality_policy.updated",
+    "evaluation.started",
+    "evaluation.succeeded",
+    "evaluation.failed",
+    "principal.created",
+    "principal.updated",
+    "token.issued",
+    "token.revoked",
+)
+AUDIT_SUBJECT_TYPES = ("adapter", "tenant", "base_model", "owner", "principal")
 GRID_PAGE = 60
 TRAFFIC_PAGE = 50
 
@@ -172,5 +198,5 @@ def audit_page(
         )
     except LoraplaneError as e:
         return error_page(request, e, viewer)
-    ctx = {"page": page, "params": params, "actions": audit_svc.ACTIONS}
+    ctx = {"page": page, "params": params, "actions": AUDIT_ACTIONS, "subject_types": AUDIT_SUBJECT_TYPES}
     return render(request, "audit.html", ctx, viewer=viewer)

@@ -204,6 +204,58 @@ def test_tenant_pages_show_every_tenant_limit_including_max_cold_waiters(
     assert '<dd id="max-cold-waiters">unlimited</dd>' in other
 
 
+def _actions_the_product_writes() -> set[str]:
+    """Audit action names in the source: ``action="x.y"`` (and ``action="x.y" if c else "x.z"``),
+    ``.event("x.y"`` and promotions' ``_event(session, actor, "x.y"``."""
+    name = r'"([a-z_]+\.[a-z_]+)"'
+    pattern = re.compile(
+        rf'(?:action=|\.event\(|_event\([^"]{{0,60}})\s*{name}(?: if \w+ else {name})?', re.S
+    )
+    root = Path(__file__).resolve().parents[2]
+    found: set[str] = set()
+    for package in ("registry", "router", "gateway"):
+        for path in (root / package).rglob("*.py"):
+            for first, other in pattern.findall(path.read_text()):
+                found |= {first, other} - {""}
+    return found
+
+
+def test_audit_filters_offer_every_action_and_subject_type_the_product_writes(
+    app: FastAPI, client: TestClient
+) -> None:
+    written = _actions_the_product_writes()
+    assert {"promotion.requested", "adapter.fallback", "version.canary_aborted", "key.issued"} <= written
+    _sign_in(client)
+    page = client.get(f"{CONSOLE}/audit").text
+    select = re.search(r'<select name="action">(.*?)</select>', page, re.S)
+    assert select is not None
+    offered = set(re.findall(r'<option value="([^"]+)"', select.group(1)))
+    assert written <= offered, sorted(written - offered)
+    types = re.search(r'<select name="subject_type">(.*?)</select>', page, re.S)
+    assert types is not None
+    assert set(re.findall(r'<option value="([^"]+)"', types.group(1))) == {
+        "adapter",
+        "tenant",
+        "base_model",
+        "owner",
+        "principal",
+    }
+    # a filter on one of them keeps it selected and finds its events
+    st: AdminState = app.state.admin
+    with session_scope(st.factory) as s:
+        audit_svc.record_change(
+            s,
+            actor="test",
+            action="owner.limits_updated",
+            subject_type="owner",
+            subject_id="team-9",
+            details={},
+        )
+    r = client.get(f"{CONSOLE}/audit", params={"action": "owner.limits_updated", "subject_type": "owner"})
+    assert '<option value="owner.limits_updated" selected>' in r.text
+    assert '<option value="owner" selected>' in r.text and "owner team-9" in r.text
+
+
 def test_posts_need_the_session_csrf_token(client: TestClient) -> None:
     _sign_in(client)
     for data in ({"action": "disable"}, {"action": "disable", "csrf": "x" * 32}):
