@@ -204,6 +204,25 @@ def test_tenant_pages_show_every_tenant_limit_including_max_cold_waiters(
     assert '<dd id="max-cold-waiters">unlimited</dd>' in other
 
 
+def test_adapter_page_shows_its_serving_policy_limits_and_approvals(app: FastAPI, client: TestClient) -> None:
+    st: AdminState = app.state.admin
+    with session_scope(st.factory) as s:
+        adapter_svc.update_adapter(
+            s,
+            "adapter-0007",
+            {"on_load_failure": "previous_version", "limits": {"rpm": 300}, "approvals_required": 2},
+            actor="test",
+        )
+    _sign_in(client)
+    page = client.get(f"{CONSOLE}/adapters/adapter-0007").text
+    assert '<dd id="on-load-failure">previous_version</dd>' in page
+    assert '<dd id="adapter-limits">rpm 300 · tpm unlimited · concurrency unlimited</dd>' in page
+    assert '<dd id="approvals-required">2</dd>' in page and '<dd id="canary-analysis">off</dd>' in page
+    other = client.get(f"{CONSOLE}/adapters/adapter-0008").text
+    assert '<dd id="on-load-failure">error</dd>' in other
+    assert '<dd id="approvals-required">as its base model</dd>' in other
+
+
 def _actions_the_product_writes() -> set[str]:
     """Audit action names in the source: ``action="x.y"`` (and ``action="x.y" if c else "x.z"``),
     ``.event("x.y"`` and promotions' ``_event(session, actor, "x.y"``."""
