@@ -10,7 +10,7 @@ Failure handling, per batch:
 
 - a connection error, a protocol error or running past the deadline fails every call of the
   batch with a :class:`RoundTripError` (a ``RedisError``) and drops the connection, which is
-  reconnected (with redis-py's connect retries) by the next batch;
+  reconnected by the next batch;
 - an error reply (``ResponseError``) fails only the call it answers;
 - ``NOSCRIPT`` (Redis lost its script cache): the scripts registered with :meth:`register_script`
   are loaded and only the calls that got ``NOSCRIPT`` are sent again (they did not run).
@@ -204,10 +204,12 @@ class AutoPipeline:
         if conn is None:
             pool = self._redis.connection_pool
             # No per-read/-write socket timeout (asyncio.wait_for and a timeout context per reply):
-            # the batch's deadline bounds the whole exchange.
-            conn = self._conn = pool.connection_class(**{**pool.connection_kwargs, "socket_timeout": None})
+            # the batch's deadline bounds the whole exchange. No retry policy of the pool's either:
+            # _send resends on a fresh connection itself (a refused connect must fail fast).
+            kwargs = {**pool.connection_kwargs, "socket_timeout": None, "retry": None}
+            conn = self._conn = pool.connection_class(**kwargs)
         if not conn.is_connected:
-            await conn.connect()  # redis-py's connect: handshake, AUTH/SELECT, retries with backoff
+            await conn.connect()  # redis-py's connect: handshake, AUTH/SELECT
         return conn
 
     @staticmethod

@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,7 +129,7 @@ def own_redis() -> Iterator[OwnService]:
 
 
 def seed(
-    p: Platform, adapters: int = 4, tenant: str = "acme", limits: dict[str, int] | None = None
+    p: Platform, adapters: int = 4, tenant: str = "acme", limits: dict[str, int | None] | None = None
 ) -> list[str]:
     """``adapters`` promoted adapters granted to ``tenant`` (with generous limits unless given), its
     key in ``p.keys[tenant]``; returns the model names."""
@@ -179,6 +179,7 @@ class Outcome:
     status: int | None = None
     code: str | None = None
     detail: str = ""
+    retry_after: str | None = None  # the Retry-After header of an error answer
 
     @property
     def seconds(self) -> float:
@@ -285,7 +286,10 @@ class Traffic:
         with self._lock:
             n = self._n
             self._n += 1
-            return self._gateways[n % len(self._gateways)], self.models[n % len(self.models)], n % 2 == 1
+            # every gateway gets both kinds and every model (n % 2 alone would send only
+            # non-streaming requests to the first of two gateways)
+            g, rest = n % len(self._gateways), n // len(self._gateways)
+            return self._gateways[g], self.models[(rest // 2) % len(self.models)], rest % 2 == 1
 
     def start(self) -> Traffic:
         for i in range(self.workers):
@@ -336,6 +340,7 @@ class Traffic:
                 out.status = r.status_code
                 if r.status_code != 200:
                     out.code = _error_code(r.read())
+                    out.retry_after = r.headers.get("retry-after")
                     ok = out.code in DESIGNED.get(r.status_code, frozenset())
                     out.kind = "designed" if ok else "undesigned"
                     out.detail = r.text[:300]
@@ -399,6 +404,16 @@ def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> 
     if not found:
         raise KeyError(name)
     return total
+
+
+def wait_until(pred: Callable[[], object], timeout: float, what: str, interval: float = 0.1) -> float:
+    """Poll ``pred`` until it is true; the seconds it took (AssertionError after ``timeout``)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if pred():
+            return time.monotonic() - t0
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 def sim_faults(sim_url: str, **faults: Any) -> None:
