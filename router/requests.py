@@ -15,7 +15,14 @@ import logging
 from collections.abc import Callable
 
 from router.cluster import ClusterState
-from router.contract import AdapterLoadFailed, ForwardRequest, ForwardResult, NoCapacity, UpstreamError
+from router.contract import (
+    AdapterLoadFailed,
+    ForwardRequest,
+    ForwardResult,
+    NoCapacity,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from router.drivers import Retryable
 from router.errors import LoadError
 from router.hotness import HotSet
@@ -118,6 +125,8 @@ class RequestLoop:
                 f"adapter {req.client_model} could not be loaded: {last.message}",
                 retry_after=5 if last.retry_elsewhere else 30,
             )
+        if isinstance(last, Retryable) and last.timeout:  # SPEC §18: a first-byte timeout is a 504
+            raise UpstreamTimeout(f"replica did not answer in time: {last}")
         raise UpstreamError(f"replica error: {last}")
 
     def _releaser(self, url: str, name: str | None) -> Callable[[], None]:
