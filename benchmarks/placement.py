@@ -25,9 +25,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import random
 import sys
 import time
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +38,26 @@ from router.placement import BASELINES, PROFILES, PlacementRequest, ReplicaView,
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def adapter_names(n_adapters: int) -> list[str]:
+    return [f"lora-{i:05d}" for i in range(n_adapters)]
+
+
 def build_cluster(
-    rng: random.Random, n_replicas: int, n_adapters: int, max_adapters: int, max_loras: int
+    rng: random.Random,
+    n_replicas: int,
+    n_adapters: int,
+    max_adapters: int,
+    max_loras: int,
+    names: list[str] | None = None,
 ) -> tuple[list[ReplicaView], list[str], list[float]]:
-    names = [f"lora-{i:05d}" for i in range(n_adapters)]
+    names = names or adapter_names(n_adapters)
     weights = [1.0 / (i + 1) for i in range(n_adapters)]
+    cum = list(accumulate(weights))  # what choices(weights=) computes each call: the same draws
     views = []
     for r in range(n_replicas):
         chosen: set[str] = set()
         # Half popular (sampled by weight, so hot adapters sit on many replicas), half tail.
-        for name in rng.choices(names, weights=weights, k=max_adapters * 2):
+        for name in rng.choices(names, cum_weights=cum, k=max_adapters * 2):
             if len(chosen) >= max_adapters // 2:
                 break
             chosen.add(name)
@@ -78,7 +90,7 @@ def _view(
 ) -> ReplicaView:
     info = tuple(n for n, x in residents.items() if x.inflight)
     return ReplicaView(
-        url=f"http://replica-{r:03d}:8000",
+        url=f"http://replica-{r:04d}:8000",
         pool="bench",
         healthy=rng.random() > 0.02,
         max_loras=max_loras,
@@ -158,45 +170,110 @@ def record(
     return [i]
 
 
-def run_router_path(
-    name: str, decisions: int, seed: int, n_replicas: int, n_adapters: int, max_adapters: int, max_loras: int
-) -> tuple[list[int], dict[str, int]]:
-    """Like :func:`run_stream`, but as the router runtime decides: the views are taken from the
-    router's mutable ``ReplicaState``s (``[r.view() for r in replicas]``, cached per replica until
-    it changes) and the request is recorded on the state (in-flight, last use, loads and
-    evictions), so the timed region is view building + ``profile.pick``."""
-    from router.settings import PoolConfig
-    from router.store import ReplicaState, Residency
-    from router.store import views as router_views
+def _router(
+    rng: random.Random, n_replicas: int, n_adapters: int, max_adapters: int, max_loras: int
+) -> tuple[Any, list[Any], list[Any], list[float], list[float]]:
+    """A router's replica store (no polling) and planner over ``build_cluster``'s cluster, the
+    adapters named as the router names versions (``ADAPTER@v1-sha8``)."""
+    import hashlib
 
-    rng = random.Random(seed)
-    views, names, weights = build_cluster(rng, n_replicas, n_adapters, max_adapters, max_loras)
-    pool = PoolConfig(name="bench", max_loras=max_loras, max_adapters=max_adapters)
-    states: list[ReplicaState] = []
+    from prometheus_client import CollectorRegistry
+
+    from registry.snapshot import FileInfo, VersionInfo
+    from router.hotness import HotSet
+    from router.metrics import RouterMetrics
+    from router.planner import Planner
+    from router.settings import PoolConfig, RouterSettings
+    from router.store import ReplicaStore, Residency
+
+    infos = [
+        VersionInfo(
+            adapter_id=n,
+            version="v1",
+            number=1,
+            status="active",
+            rank=8,
+            lora_alpha=16.0,
+            target_modules=("q_proj",),
+            files=(FileInfo("adapter_model.safetensors", 64 << 20, hashlib.sha256(n.encode()).hexdigest()),),
+            storage_uri="file:///bench/",
+            base_model="bench-base",
+        )
+        for n in adapter_names(n_adapters)
+    ]
+    names = [v.lora_name for v in infos]
+    views, _, weights = build_cluster(rng, n_replicas, n_adapters, max_adapters, max_loras, names)
+    pool = PoolConfig(
+        name="bench",
+        base_model="bench-base",
+        urls=[v.url for v in views],
+        max_loras=max_loras,
+        max_adapters=max_adapters,
+    )
+    settings = RouterSettings(pools=[pool])
+    clock = [1000.0]
+    metrics = RouterMetrics(CollectorRegistry())
+    drivers: dict[str, Any] = {"bench": None}  # no polling: no driver is called
+    store = ReplicaStore(settings, drivers, clock=lambda: clock[0], wall=lambda: clock[0], metrics=metrics)
+    states = []
     for v in views:
-        st = ReplicaState(url=v.url, pool=pool, driver=None, healthy=v.healthy)  # type: ignore[arg-type]
+        st = store.add(v.url, pool, poll=False)
+        st.healthy = v.healthy
         for x in v.residents.values():
             st.residents[x.lora_name] = Residency(
                 x.lora_name, x.adapter_id, "v1", x.state, 0.0, x.last_used, x.inflight
             )
         st.inflight = v.inflight
         states.append(st)
+    hot = HotSet(settings, store, clock=lambda: clock[0])
+    planner = Planner(store, make_profile("default"), hot, metrics, clock=lambda: clock[0])
+    return planner, states, infos, weights, clock
+
+
+def run_router_path(
+    name: str,
+    decisions: int,
+    seed: int,
+    n_replicas: int,
+    n_adapters: int,
+    max_adapters: int,
+    max_loras: int,
+    full_pass: bool = False,
+) -> tuple[list[int], dict[str, int]]:
+    """Decisions as the router runtime makes them: ``Planner.place`` on a ``ReplicaStore`` whose
+    replica states record every request (in-flight, last use, loads and evictions), so the timed
+    region holds everything the router does to decide — the placement index brought up to date
+    with the replicas that changed, and the pick. ``full_pass``: the router before the index —
+    views of every replica (``[r.view() for r in replicas]``, cached per replica until it
+    changes) and ``profile.pick`` over them, as ``Planner.place`` does with ``use_index`` False
+    (the same decisions: checked by the caller)."""
+    from router.contract import ForwardRequest
+    from router.store import Residency
+
+    rng = random.Random(seed)
+    planner, states, infos, weights, now_box = _router(rng, n_replicas, n_adapters, max_adapters, max_loras)
+    planner.use_index = not full_pass
     index = {st.url: i for i, st in enumerate(states)}
-    profile = make_profile(name, seed=seed) if name in ("random", "gie-lora-affinity") else make_profile(name)
-    stream = rng.choices(names, weights=weights, k=decisions)
+    stream = rng.choices(range(n_adapters), weights=weights, k=decisions)
     times: list[int] = []
     actions: dict[str, int] = {}
     now = 1000.0
     clock = time.thread_time_ns
     gc.disable()
     try:
-        for k, lora in enumerate(stream):
-            req = PlacementRequest(lora_name=lora, adapter_id=lora, size_bytes=64 << 20, max_tokens=256)
+        for k, a in enumerate(stream):
+            info = infos[a]
+            lora = info.lora_name
+            body = {"model": info.adapter_id, "max_tokens": 256}
+            freq = ForwardRequest(
+                f"r{k}", "t", "bench-base", info, "chat/completions", body, info.adapter_id, False
+            )
             t0 = clock()
-            d = profile.pick(req, router_views(states), now)
+            _, d = planner.place(freq, set())
             times.append(clock() - t0)
             actions[d.action] = actions.get(d.action, 0) + 1
             now += 0.01
+            now_box[0] = now
             if d.replica is None:
                 continue
             st = states[index[d.replica]]
@@ -204,7 +281,7 @@ def run_router_path(
                 st.residents.pop(victim, None)
             r = st.residents.get(lora)
             if r is None:
-                st.residents[lora] = Residency(lora, lora, "v1", "resident", now, now, 1)
+                st.residents[lora] = Residency(lora, info.adapter_id, "v1", "resident", now, now, 1)
             else:
                 r.inflight += 1
                 r.last_used = now
@@ -220,6 +297,10 @@ def run_router_path(
     return times, actions
 
 
+def _quantiles(xs: list[float], p: float) -> float:
+    return xs[min(len(xs) - 1, int(p * len(xs)))]
+
+
 def bench_profile(
     name: str,
     decisions: int,
@@ -230,15 +311,20 @@ def bench_profile(
     max_loras: int,
     repeat: int,
     router_path: bool = False,
+    full_pass: bool = False,
 ) -> dict[str, Any]:
     """``repeat`` identical passes (same seed → same decisions); per decision, the fastest pass
-    counts, which filters out this machine's noise (other processes, cache thrash)."""
+    counts, which filters out this machine's noise (other processes, cache thrash); the first
+    pass is reported as measured too."""
     best: list[int] | None = None
     first: list[int] = []
     actions: dict[str, int] = {}
-    run = run_router_path if router_path else run_stream
     for r in range(repeat):
-        times, acts = run(name, decisions, seed, n_replicas, n_adapters, max_adapters, max_loras)
+        if router_path:
+            args = (name, decisions, seed, n_replicas, n_adapters, max_adapters, max_loras)
+            times, acts = run_router_path(*args, full_pass=full_pass)
+        else:
+            times, acts = run_stream(name, decisions, seed, n_replicas, n_adapters, max_adapters, max_loras)
         if r == 0:
             first, actions = list(times), acts
             best = times
@@ -248,12 +334,14 @@ def bench_profile(
     assert best is not None
     vals = sorted(t / 1000.0 for t in best)
     raw = sorted(t / 1000.0 for t in first)
-
-    def q(xs: list[float], p: float) -> float:
-        return xs[min(len(xs) - 1, int(p * len(xs)))]
-
+    label = name
+    if router_path:
+        label = f"{name} (router path, full pass)" if full_pass else f"{name} (router path)"
+    q = _quantiles
     return {
-        "profile": f"{name} (router path)" if router_path else name,
+        "profile": label,
+        "replicas": n_replicas,
+        "adapters": n_adapters,
         "decisions": decisions,
         "p50_us": q(vals, 0.50),
         "p90_us": q(vals, 0.90),
@@ -266,11 +354,51 @@ def bench_profile(
     }
 
 
+def _print_row(r: dict[str, Any]) -> None:
+    acts = ", ".join(f"{k}={v}" for k, v in sorted(r["actions"].items()))
+    cols = f"{r['p50_us']:>8.1f} {r['p90_us']:>8.1f} {r['p99_us']:>8.1f} {r['max_us']:>8.0f}"
+    first = f"{r['raw_first_pass_p50_us']:>8.1f} {r['raw_first_pass_p99_us']:>8.1f}"
+    print(f"  {r['profile']:<32} {r['replicas']:>5} {cols} {first}  {acts}", flush=True)
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> None:
+    """Log-log plot of first-pass p50 and p99 against the number of replicas."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, style in (
+        ("default (router path)", "o-"),
+        ("default (router path, full pass)", "s--"),
+        ("default", "^:"),
+    ):
+        mine = sorted((r for r in rows if r["profile"] == label), key=lambda r: r["replicas"])
+        if not mine:
+            continue
+        xs = [r["replicas"] for r in mine]
+        name = {"default": "decision only, full pass (fused)"}.get(label, label.removeprefix("default "))
+        ax.plot(xs, [r["raw_first_pass_p99_us"] for r in mine], style, label=f"{name}: p99")
+        ax.plot(xs, [r["raw_first_pass_p50_us"] for r in mine], style, alpha=0.45, label=f"{name}: p50")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("replicas (adapters = 100 × replicas)")
+    ax.set_ylabel("µs per decision (first pass, CPU time)")
+    ax.set_title("Default profile decision time against cluster size")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--decisions", type=int, default=20_000)
-    ap.add_argument("--replicas", type=int, default=100)
-    ap.add_argument("--adapters", type=int, default=10_000)
+    ap.add_argument("--decisions", type=int, default=20_000, help="per profile in the 100-replica table")
+    ap.add_argument("--scale-decisions", type=int, default=10_000, help="per row of the scaling series")
+    ap.add_argument("--replicas", type=int, default=1000, help="the largest cluster of the scaling series")
+    ap.add_argument("--adapters", type=int, default=100_000, help="adapters of the largest cluster")
     ap.add_argument("--max-adapters", type=int, default=32)
     ap.add_argument("--max-loras", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
@@ -282,40 +410,72 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in names if p not in PROFILES]
     if unknown:
         ap.error(f"unknown profiles: {unknown}")
-    print(
-        f"placement decision time: {a.adapters} adapters, {a.replicas} replicas, "
-        f"max_adapters={a.max_adapters}, max_loras={a.max_loras}, {a.decisions} decisions per profile"
+    load_before = os.getloadavg()
+    la = " ".join(f"{x:.2f}" for x in load_before)
+    print(f"load average at start: {la} ({os.cpu_count()} CPUs)")
+    head = (
+        f"  {'profile':<32} {'reps':>5} {'p50 µs':>8} {'p90 µs':>8} {'p99 µs':>8} {'max µs':>8} "
+        f"{'1st p50':>8} {'1st p99':>8}  actions"
     )
     print(
-        f"  {'profile':<18} {'p50 µs':>8} {'p90 µs':>8} {'p99 µs':>8} {'max µs':>8} {'raw p99':>8}  actions"
+        f"placement decision time: 10,000 adapters, 100 replicas, max_adapters={a.max_adapters}, "
+        f"max_loras={a.max_loras}, {a.decisions} decisions per profile, fastest of {a.repeat} passes"
     )
-    runs = [(name, False) for name in names]
-    if "default" in names:
-        # The same decisions as the router runtime makes them: views taken from its replica state.
-        runs.append(("default", True))
+    print(head)
+    common = (a.seed, 100, 10_000, a.max_adapters, a.max_loras, a.repeat)
     rows = []
-    for name, router_path in runs:
-        r = bench_profile(
-            name, a.decisions, a.seed, a.replicas, a.adapters, a.max_adapters, a.max_loras, a.repeat,
-            router_path=router_path,
-        )  # fmt: skip
+    for name in names:
+        r = bench_profile(name, a.decisions, *common)
         rows.append(r)
-        acts = ", ".join(f"{k}={v}" for k, v in sorted(r["actions"].items()))
-        cols = f"{r['p50_us']:>8.1f} {r['p90_us']:>8.1f} {r['p99_us']:>8.1f} {r['max_us']:>8.0f}"
-        print(f"  {r['profile']:<18} {cols} {r['raw_first_pass_p99_us']:>8.1f}  {acts}", flush=True)
+        _print_row(r)
+    scales = sorted({(10, 1_000), (100, 10_000), (a.replicas, a.adapters)})
+    print(
+        f"\nscaling (default profile, {a.scale_decisions} decisions per row, fastest of {a.repeat} "
+        "passes; '1st': the first pass as measured)"
+    )
+    print(head)
+    scaling = []
+    for n_rep, n_ad in scales:
+        args = (a.scale_decisions, a.seed, n_rep, n_ad, a.max_adapters, a.max_loras, a.repeat)
+        for router_path, full_pass in ((True, False), (True, True), (False, False)):
+            r = bench_profile("default", *args, router_path=router_path, full_pass=full_pass)
+            scaling.append(r)
+            _print_row(r)
+        idx, ref = scaling[-3], scaling[-2]
+        assert idx["actions"] == ref["actions"], "the index and the full pass must decide alike"
+    routed = {r["replicas"]: r for r in scaling if r["profile"] == "default (router path)"}
+    big = routed[max(routed)]
+    ratio = big["raw_first_pass_p99_us"] / routed[100]["raw_first_pass_p99_us"]
+    ratio_best = big["p99_us"] / routed[100]["p99_us"]
+    load_after = os.getloadavg()
+    print(
+        f"\nrouter path first-pass p99, {max(routed)} vs 100 replicas: {ratio:.2f}x (target <= 2x); "
+        f"fastest-of-{a.repeat} p99: {ratio_best:.2f}x"
+    )
+    print(f"load average at end: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
     default = next((r for r in rows if r["profile"] == "default"), None)
-    routed = next((r for r in rows if r["profile"] == "default (router path)"), None)
     report = {
         "config": {k: v for k, v in vars(a).items() if k != "out"},
         "python": sys.version.split()[0],
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "cpus": os.cpu_count(),
+        "load_average_start": load_before,
+        "load_average_end": load_after,
         "results": rows,
+        "scaling": scaling,
+        "router_path_p99_ratio_largest_vs_100": ratio,
+        "router_path_p99_ratio_largest_vs_100_fastest_of_passes": ratio_best,
+        "scaling_target_ratio": 2.0,
+        "scaling_meets_target": ratio <= 2.0,
         "target_p99_us": 100.0,
         "default_meets_target": bool(default and default["p99_us"] < 100.0),
-        "router_path_meets_target": bool(routed and routed["p99_us"] < 100.0),
+        "router_path_meets_target": routed[100]["p99_us"] < 100.0,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {a.out}")
+    png = a.out.with_suffix(".png")
+    plot(scaling, png)
+    print(f"wrote {a.out} and {png}")
     return 0
 
 

@@ -3,6 +3,9 @@
 The placement input carries everything the decision depends on (DESIGN example 17): the
 replicas' views (health, scraped load, residency with cluster-wide in-flight counts) and the
 hot-copy targets; the decision carries every action (the replica, and the victims to evict).
+With the default profile the decision comes from a placement index per base model
+(``router/placement/index.py``) updated with the replicas the store reports changed, so it
+does not visit every replica; it is the decision the full pass over the views would make.
 The runtime executes it: the loader's cluster ``claim`` evicts the decision's victims — and,
 only when this process's view was stale and the replica holds more than it knew, the next
 idle adapters in LRU order (``candidates``), never a hot copy for a prewarm.
@@ -17,6 +20,9 @@ from registry.snapshot import VersionInfo
 from router.contract import ForwardRequest, NoCapacity
 from router.hotness import HotSet
 from router.metrics import RouterMetrics
+from router.placement.fused import DefaultProfile
+from router.placement.index import PlacementIndex
+from router.placement.index_pick import pick as pick_indexed
 from router.placement.types import Decision, PlacementRequest, Profile
 from router.store import ReplicaState, ReplicaStore, views
 
@@ -41,16 +47,13 @@ class Planner:
         self._metrics = metrics
         self._clock = clock
         self._counters: dict[str, Any] = {}
+        self._indexes: dict[str, PlacementIndex] = {}  # base model → its replicas' index
+        self.use_index = True  # False: always the full pass (benchmarks compare the two)
 
     def place(self, req: ForwardRequest, excluded: set[str]) -> tuple[ReplicaState, Decision]:
         """The replica for ``req`` (never one in ``excluded``); raises NoCapacity (``ColdSlotsFull``
         when only the slots reserved for hot adapters are left)."""
-        reps = [r for r in self._store.for_base(req.base_model) if r.healthy and r.url not in excluded]
-        if not reps:
-            raise NoCapacity(f"no healthy replica for base model {req.base_model}", retry_after=2)
         version = req.version
-        if version is not None and reps[0].pool.reserved_hot_slots > 0:
-            reps = self._outside_hot_slots(reps, version.lora_name)
         body = req.body
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 0
         preq = PlacementRequest(
@@ -61,7 +64,18 @@ class Planner:
             exclude=frozenset(excluded),
             hot_targets=self._hot.targets,
         )
-        decision = self.profile.pick(preq, views(reps), self._clock())
+        ix = self._index(req.base_model, reserved=version is not None)
+        if ix is not None:  # the same decision as the full pass below, from the index
+            if ix.healthy <= len(ix.excluded(preq.exclude)):
+                raise NoCapacity(f"no healthy replica for base model {req.base_model}", retry_after=2)
+            decision = pick_indexed(ix, preq, self._clock())
+        else:
+            reps = [r for r in self._store.for_base(req.base_model) if r.healthy and r.url not in excluded]
+            if not reps:
+                raise NoCapacity(f"no healthy replica for base model {req.base_model}", retry_after=2)
+            if version is not None and reps[0].pool.reserved_hot_slots > 0:
+                reps = self._outside_hot_slots(reps, version.lora_name)
+            decision = self.profile.pick(preq, views(reps), self._clock())
         rep = self._store.replicas.get(decision.replica) if decision.replica is not None else None
         if rep is None:
             raise NoCapacity(f"no capacity for {req.client_model}: {decision.reason or 'all replicas busy'}")
@@ -71,6 +85,35 @@ class Planner:
             counter = self._counters[outcome] = self._metrics.placement.labels(outcome=outcome)
         counter.inc()
         return rep, decision
+
+    def _index(self, base_model: str, *, reserved: bool) -> PlacementIndex | None:
+        """The placement index of ``base_model``'s replicas, up to date with the store's changes;
+        None when the profile has none (not the default pipeline) or when ``reserved`` (an
+        adapter request) and a pool keeps GPU slots for hot adapters (a per-request filter the
+        index does not cover: the full pass runs)."""
+        profile = self.profile
+        if not self.use_index or not isinstance(profile, DefaultProfile) or not profile._planned():
+            return None
+        if reserved and any(p.reserved_hot_slots > 0 for p in self._store.pools_for(base_model)):
+            return None
+        store = self._store
+        indexes = self._indexes
+        if store.changes:
+            for url in store.take_changes():
+                rep = store.replicas.get(url)
+                for base, other in indexes.items():
+                    for slot in other.slots.get(url, ()):
+                        if rep is None or slot != rep.seq or base != rep.pool.base_model:
+                            other.put(slot, None)
+                ix = indexes.get(rep.pool.base_model) if rep is not None else None
+                if rep is not None and ix is not None:
+                    ix.put(rep.seq, rep._view or rep.view())
+        ix = indexes.get(base_model)
+        if ix is None or not ix.valid():
+            ix = indexes[base_model] = PlacementIndex(profile)
+            for rep in store.for_base(base_model):
+                ix.put(rep.seq, rep.view())
+        return ix
 
     def _outside_hot_slots(self, reps: list[ReplicaState], name: str) -> list[ReplicaState]:
         """The replicas where an adapter that is not hot may run without taking one of the

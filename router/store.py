@@ -68,7 +68,7 @@ class Residency:
             object.__setattr__(self, "_snap", None)
             owner = getattr(self, "owner", None)  # unset while __init__ runs
             if owner is not None:
-                object.__setattr__(owner, "_view", None)
+                owner.drop_view()
 
     def snapshot(self) -> Resident:
         """The placement layer's immutable copy of this record (cached until a field changes)."""
@@ -97,7 +97,7 @@ class Residents(dict[str, Residency]):
         self._owner = owner
 
     def _changed(self) -> None:
-        object.__setattr__(self._owner, "_view", None)
+        self._owner.drop_view()
 
     def __setitem__(self, name: str, r: Residency) -> None:
         r.owner = self._owner
@@ -143,9 +143,13 @@ class ReplicaState:
     ``view()`` is cached until something it is built from changes (a field in ``_VIEW_FIELDS``, a
     residency record or the ``residents`` mapping), so a placement decision over many replicas
     copies only the replicas that changed since the last one (and placement's per-view memos of
-    derived facts survive between decisions).
+    derived facts survive between decisions). Each such change also adds the replica's url to
+    ``feed`` (the store's ``changes``), so the planner's placement index updates only those.
     """
 
+    # Declared first: assigned before the fields below, whose assignment reports to it.
+    feed: set[str] | None = field(default=None, init=False, repr=False, compare=False)
+    seq: int = field(default=0, init=False, compare=False)  # the store's order of replicas
     url: str
     pool: PoolConfig
     driver: EngineDriver
@@ -175,7 +179,14 @@ class ReplicaState:
             value = rs
         object.__setattr__(self, name, value)
         if name in _VIEW_FIELDS:
-            object.__setattr__(self, "_view", None)
+            self.drop_view()
+
+    def drop_view(self) -> None:
+        """Forget the cached view (something it is built from changed) and report the change."""
+        object.__setattr__(self, "_view", None)
+        feed = self.feed
+        if feed is not None:
+            feed.add(self.url)
 
     @property
     def host(self) -> str:
@@ -231,6 +242,10 @@ class ReplicaStore:
         self._metrics = metrics
         self._on_poll = on_poll
         self.replicas: dict[str, ReplicaState] = {}
+        # urls of the replicas whose placement view changed (or that were added or removed) since
+        # the last take_changes(): the planner's placement index updates only those.
+        self.changes: set[str] = set()
+        self._seq = 0
         # lora_name → requests counted on records since unloaded (the evictor's frequency)
         self.past_requests: dict[str, int] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -259,19 +274,27 @@ class ReplicaStore:
         self._tasks.clear()
         self._dns_tasks.clear()
 
-    def add(self, url: str, pool: PoolConfig) -> ReplicaState:
+    def add(self, url: str, pool: PoolConfig, *, poll: bool = True) -> ReplicaState:
+        """Add a replica (``poll=False``: no poll loop, for benchmarks and tests)."""
         url = url.rstrip("/")
         if url in self.replicas:
             return self.replicas[url]
         rep = ReplicaState(url=url, pool=pool, driver=self._drivers[pool.name])
+        self._seq += 1
+        rep.seq = self._seq  # the order of store.replicas (a url added again goes last)
+        rep.feed = self.changes
         self.replicas[url] = rep
-        if not self._stopped:
+        self.changes.add(url)
+        if poll and not self._stopped:
             self._tasks[url] = asyncio.create_task(self._poll_loop(rep), name=f"poll:{url}")
         log.info("replica added", extra={"replica": url, "pool": pool.name})
         return rep
 
     def remove(self, url: str) -> None:
         rep = self.replicas.pop(url, None)
+        if rep is not None:
+            rep.feed = None
+            self.changes.add(url)
         task = self._tasks.pop(url, None)
         if task:
             task.cancel()
@@ -342,7 +365,8 @@ class ReplicaStore:
         except (DriverError, TimeoutError) as exc:
             error = str(exc) or type(exc).__name__
         if ok and models is not None:
-            rep.metrics = sample
+            if rep.metrics != sample:  # an unchanged sample keeps the cached placement view
+                rep.metrics = sample
             rep.base_names = models.base_names
             rep.failures = 0
             rep.last_seen = self._clock()
@@ -441,6 +465,16 @@ class ReplicaStore:
 
     def for_base(self, base_model: str) -> list[ReplicaState]:
         return [r for r in self.replicas.values() if r.pool.base_model == base_model]
+
+    def pools_for(self, base_model: str) -> list[PoolConfig]:
+        """The configured pools serving ``base_model``."""
+        return [p for p in self._settings.pools if p.base_model == base_model]
+
+    def take_changes(self) -> set[str]:
+        """The urls in ``changes`` (emptied): replicas added, removed or with a new view since."""
+        out = set(self.changes)
+        self.changes.clear()
+        return out
 
     def healthy_count(self, base_model: str | None = None) -> int:
         return sum(

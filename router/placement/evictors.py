@@ -24,15 +24,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import repeat
-from operator import attrgetter
 from typing import ClassVar
 
 from router.placement.framework import PRESENT, Evictor, PickContext, Scorer, Summary
 from router.placement.types import ReplicaView, Resident
 
-_RESIDENTS = attrgetter("residents")
-_INFLIGHT = attrgetter("inflight")
 _LN2 = math.log(2.0)
 
 
@@ -42,12 +38,7 @@ def keeps_hot_copy(ctx: PickContext, name: str) -> bool:
     want = ctx.request.hot_targets.get(name, 0)
     if want <= 0:
         return False
-    copies = 0
-    for v in ctx.all_replicas:
-        r = v.residents.get(name)
-        if r is not None and v.healthy and r.state != "failed":
-            copies += 1
-    return copies <= want
+    return ctx.healthy_copies(name) <= want
 
 
 def final_victims(ctx: PickContext, order: Iterable[str], need: int) -> tuple[str, ...] | None:
@@ -122,14 +113,10 @@ class HotCopyEvictor(Evictor):
         """The cold candidates among the first ``scan`` (demand computed lazily, one adapter at
         a time), then every other candidate in ranked order."""
         taken: set[str] = set()
-        maps: list[dict[str, Resident]] | None = None  # every replica's residents, built once
         for r in ranked[: self.scan]:
             name = r.lora_name
-            if maps is None:
-                maps = list(map(_RESIDENTS, ctx.all_replicas))
-            # Σ in-flight of this adapter over every replica holding it (C-level iteration:
-            # residents.get per replica, drop the misses, add the in-flight counts).
-            demand = sum(map(_INFLIGHT, filter(None, map(dict.get, maps, repeat(name)))))
+            # Σ in-flight of this adapter over every replica of the snapshot holding it.
+            demand = ctx.adapter_inflight(name)
             if not demand / cap >= self.low_water:
                 taken.add(name)
                 yield name
@@ -230,20 +217,26 @@ class EvictionCostScorer(Scorer):
         key = self._key
         if key in d:
             return d[key]  # type: ignore[no-any-return]
-        ev = self.evictor
-        rate = _LN2 / ev.half_life_s
         best: Resident | None = None
         low = math.inf
+        key_of = self.key_of
         for r in s.idle_lru:
-            count = r.requests if r.requests > 1 else 1
-            cost = ev.load_fixed_s + (r.size_bytes if r.size_bytes > 0 else 0) / ev.load_bytes_per_s
-            k = math.log(count * cost) if cost > 0 else -math.inf
-            lu = r.last_used
-            k = -math.inf if lu != lu else k + lu * rate
+            k = key_of(r)
             if best is None or k < low:
                 best, low = r, k
         d[key] = best
         return best
+
+    def key_of(self, r: Resident) -> float:
+        """``log(max(1, requests) × reload time) + last_used × ln 2 / half_life_s`` (-inf for a
+        NaN ``last_used``): the evictor's value at any ``now`` ≥ last_used is ``exp(key − now ×
+        ln 2 / half_life_s)``, so the lowest key is the cheapest idle adapter at every time."""
+        ev = self.evictor
+        count = r.requests if r.requests > 1 else 1
+        cost = ev.load_fixed_s + (r.size_bytes if r.size_bytes > 0 else 0) / ev.load_bytes_per_s
+        k = math.log(count * cost) if cost > 0 else -math.inf
+        lu = r.last_used
+        return -math.inf if lu != lu else k + lu * (_LN2 / ev.half_life_s)
 
     @staticmethod
     def bucket(now: float) -> float | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 from operator import attrgetter
 from typing import ClassVar
 
@@ -31,6 +32,8 @@ OCCUPYING = frozenset({"staging", "loading", "resident", "unloading"})
 # States meaning "the adapter is there or about to be": requests can be sent (the loader joins).
 PRESENT = frozenset({"staging", "loading", "resident"})
 
+_RESIDENTS = attrgetter("residents")
+_INFLIGHT = attrgetter("inflight")
 _LRU_KEY = attrgetter("last_used", "lora_name")  # idle LRU order: oldest first, ties by name
 _LAST_USED = attrgetter("last_used")
 
@@ -157,7 +160,7 @@ def load_fraction(view: ReplicaView) -> float:
 class PickContext:
     """What plugins see for one pick: the request, the candidate views and derived lookups."""
 
-    __slots__ = ("_sums", "all_replicas", "held", "now", "replicas", "request")
+    __slots__ = ("_maps", "_sums", "all_replicas", "held", "now", "replicas", "request")
 
     def __init__(self, request: PlacementRequest, replicas: list[ReplicaView], now: float) -> None:
         self.request = request
@@ -173,6 +176,26 @@ class PickContext:
             else {}
         )
         self._sums: list[Summary] | None = None
+        self._maps: list[dict[str, Resident]] | None = None
+
+    def adapter_inflight(self, name: str) -> int:
+        """In-flight requests of adapter ``name`` summed over every replica of the snapshot
+        (``all_replicas``) that holds it, in any state (the evictors' demand)."""
+        maps = self._maps
+        if maps is None:
+            maps = self._maps = list(map(_RESIDENTS, self.all_replicas))
+        # C-level iteration: residents.get per replica, drop the misses, add the in-flight counts.
+        return sum(map(_INFLIGHT, filter(None, map(dict.get, maps, repeat(name)))))
+
+    def healthy_copies(self, name: str) -> int:
+        """Replicas of the snapshot that are healthy and hold ``name`` in a state other than
+        ``failed`` (the copies hot-copy targets count)."""
+        copies = 0
+        for v in self.all_replicas:
+            r = v.residents.get(name)
+            if r is not None and v.healthy and r.state != "failed":
+                copies += 1
+        return copies
 
     @property
     def targets(self) -> list[Resident | None]:

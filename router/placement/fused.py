@@ -52,6 +52,7 @@ from router.placement.framework import (
     load_decision,
     summary,
 )
+from router.placement.fused_holders import score_holders
 from router.placement.pickers import _EPS, MaxScorePicker
 from router.placement.scorers import FreeSlotScorer, LoadScorer, ResidencyAffinityScorer, RunningSetScorer
 from router.placement.types import Action, Decision, PlacementRequest, ReplicaView, Resident, Scores
@@ -177,6 +178,26 @@ class DefaultProfile(SchedulerProfile):
         self._key = f"fused-default:{w1!r}:{w2!r}:{w3!r}:{w4!r}:{h!r}"
         return (self.filters, self.scorers, self.picker, h)
 
+    @property
+    def affinity(self) -> ResidencyAffinityScorer:
+        """The resident-affinity scorer (the first one of the fused pipeline)."""
+        aff = self.scorers[0][0]
+        assert isinstance(aff, ResidencyAffinityScorer)
+        return aff
+
+    def index_signature(self) -> tuple[object, ...]:
+        """The parameters a placement index built for this profile depends on."""
+        aff = self.affinity
+        slot = self.scorers[2][0]
+        extra: tuple[object, ...]
+        if isinstance(slot, EvictionCostScorer):
+            ev = slot.evictor
+            extra = (slot.scale, slot.top, ev.half_life_s, ev.load_fixed_s, ev.load_bytes_per_s)
+        else:
+            assert isinstance(slot, FreeSlotScorer)
+            extra = (slot.idle_horizon_s,)
+        return (self._w, aff.high_water, aff.adapter_high, aff.low_water, type(self.evictor), *extra)
+
     def _planned(self) -> bool:
         plan = self._plan
         if plan is None or not self.fused:
@@ -268,7 +289,19 @@ class DefaultProfile(SchedulerProfile):
         if name is not None:
             held = [i for i, v in enumerate(replicas) if name in v.residents]
             if held:
-                elsewhere = self._score_holders(name, ex, replicas, held, totals, now)
+                out = [_NEG] * len(held)
+                hw = self.affinity.high_water
+                elsewhere = score_holders(
+                    self,
+                    name,
+                    ex,
+                    [replicas[i] for i in held],
+                    out,
+                    now,
+                    lambda: self._other_unsaturated(replicas, held, totals, hw),
+                )
+                for i, t in zip(held, out, strict=True):
+                    totals[i] = t
         top = max(totals)
         if top == _NEG:  # no candidate: the generic path names the filter that emptied the list
             return super().pick(request, replicas, now)
@@ -277,84 +310,6 @@ class DefaultProfile(SchedulerProfile):
         if index and max(totals[:index]) >= floor:
             index = next(i for i, t in enumerate(totals) if t >= floor)
         return self._fused_decide(request, replicas, now, totals, index, elsewhere)
-
-    def _score_holders(
-        self,
-        name: str,
-        ex: frozenset[str],
-        replicas: list[ReplicaView],
-        held: list[int],
-        totals: list[float],
-        now: float,
-    ) -> bool:
-        """Set the totals of the replicas holding ``name`` (indices ``held``) exactly as the
-        generic pipeline scores them (-inf where a filter drops one); return whether any replica
-        of the snapshot has it ``resident`` (load vs replicate)."""
-        present = PRESENT
-        key = self._key
-        aff = self.scorers[0][0]
-        assert isinstance(aff, ResidencyAffinityScorer)
-        hw, ah = aff.high_water, aff.adapter_high
-        w1, w2, w3, _ = self._w
-        # w1·a for the affinities of the "spread" case (the usual one): saturated copies 0.3, the
-        # others 1.0 (resident) / 0.9 (joining a load); w2·1.0 for an adapter in flight there.
-        w_sat, w_res, w_join, w_run, w_c = w1 * 0.3, w1 * 1.0, w1 * 0.9, w2 * 1.0, w3 * 1.0
-        elsewhere = False
-        # Candidate holders (healthy, not excluded, and present there or able to take it), in
-        # order, with resident-affinity's saturation (saturated_for(), as the scorer inlines it).
-        # Totals are those of the spread case, fixed below in the others. The weighted sum keeps
-        # _weighted_sum's order: ((w1·a + w2·b) + w3·c) + w4·d, with r.b = w1·0 + w2·room =
-        # w2·room and r.d = w4·(1 − load) computed once per view.
-        tg: dict[int, tuple[Resident, _Row]] = {}  # candidate holders where A is present
-        free: list[int] = []
-        saturated: list[int] = []
-        demand = 0
-        for i in held:
-            v = replicas[i]
-            t = v.residents[name]
-            st = t.state
-            if st == "resident":
-                elsewhere = True
-            r = v.derived[key]
-            s = r.s
-            if s is None or (ex and v.url in ex):  # unhealthy (no summary) or excluded
-                totals[i] = _NEG
-            elif st in present:
-                f = t.inflight
-                demand += f
-                tg[i] = (t, r)
-                if s.load >= hw or ((f / s.cap >= ah) if f else s.full):
-                    saturated.append(i)
-                    totals[i] = w_sat + (w_run if f > 0 else r.b) + w_c + r.d
-                else:
-                    free.append(i)
-                    w = w_res if st == "resident" else w_join
-                    totals[i] = w + (w_run if f > 0 else r.b) + w_c + r.d
-            elif s.takes_new:  # failed/unloading there: affinity 0, free-slot as for any replica
-                b = 1.0 if t.inflight > 0 else s.room
-                totals[i] = w1 * 0.0 + w2 * b + w3 * self._free_slot(v, s, now) + r.d
-            else:
-                totals[i] = _NEG
-        if not tg:
-            return elsewhere
-        a: dict[int, float]  # affinities that differ from the spread case
-        if not free:
-            a = dict.fromkeys(saturated, 0.0)
-            if not self._other_unsaturated(replicas, held, totals, hw):
-                a = dict.fromkeys(saturated, 1.0)  # every replica saturated: stay
-        elif len(free) + len(saturated) > 1 and demand / tg[free[0]][1].s.cap < aff.low_water:  # type: ignore[union-attr]
-            # Consolidate on the primary copy: most in-flight, then most recently used.
-            primary = max((tg[i][0].inflight, tg[i][0].last_used, -i) for i in free + saturated)
-            p = -primary[2]
-            a = dict.fromkeys(free, 0.6)
-            if p in free:
-                a[p] = 1.0 if tg[p][0].state == "resident" else 0.9
-        else:
-            return elsewhere
-        for i, aa in a.items():
-            t, r = tg[i]
-            totals[i] = w1 * aa + (w_run if t.inflight > 0 else r.b) + w_c + r.d
-        return elsewhere
 
     def _other_unsaturated(
         self, replicas: list[ReplicaView], held: list[int], totals: list[float], hw: float
@@ -414,6 +369,7 @@ class DefaultProfile(SchedulerProfile):
             ctx.now = now
             ctx.held = {0: target} if target is not None else {}
             ctx._sums = [s]
+            ctx._maps = None
             return self.evictor.victims(ctx, 0, need)
         keep = [i for i, t in enumerate(totals) if t != _NEG]
         ctx = PickContext(request, replicas, now)
