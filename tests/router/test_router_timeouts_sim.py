@@ -6,6 +6,7 @@ another replica."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from router.contract import ForwardResult
+from router.contract import ForwardResult, UpstreamTimeout
 from tests.router.conftest import RouterFactory
 from tests.router.routerkit import Sim, chat, put_version, snapshot_of
 
@@ -84,6 +85,27 @@ async def test_hung_replica_costs_a_first_byte_timeout_then_another_replica_answ
     body = await drain(res)
     assert res.replica == sims[1].url and body.rstrip().endswith(b"data: [DONE]")
     assert 0.9 < time.monotonic() - t0 < 6.0
+
+
+async def test_first_byte_timeout_on_every_replica_tried_is_a_504_upstream_timeout(
+    sims: list[Sim], make_router: RouterFactory, artifacts, tmp_path: Path
+) -> None:
+    v = put_version(artifacts, tmp_path, "ttfb504", seed=404)
+    router = await make_router([sims[0].url], upstream_ttfb_timeout_s=0.5)
+    router.update_snapshot(snapshot_of(v))
+    base = chat(v, stream=True, max_tokens=4)  # a completion: no role event before the first token
+    req = dataclasses.replace(
+        base,
+        endpoint="completions",
+        body={"model": base.client_model, "prompt": "hello", "max_tokens": 4, "stream": True},
+    )
+    sims[0].faults(stall_s=5.0, stall_after_tokens=0)
+    t0 = time.monotonic()
+    with pytest.raises(UpstreamTimeout) as err:
+        await router.forward(req)
+    took = time.monotonic() - t0
+    assert err.value.status == 504 and err.value.code == "upstream_timeout"
+    assert 0.9 < took < 4.0, took  # the first try and the retry, 0.5 s each; not the 5 s stall
 
 
 async def test_requests_waiting_on_a_hung_replica_move_when_it_leaves_rotation(
