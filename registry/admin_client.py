@@ -327,7 +327,9 @@ class AdminClient(GovernanceCalls, QualityCalls):
         owner: str | None = None,
         description: str | None = None,
         hot: bool | None = None,
+        on_load_failure: str | None = None,
     ) -> JSON:
+        """``on_load_failure``: error | previous_version | base_model (sent only when given)."""
         body = _drop_none(
             {
                 "id": adapter_id,
@@ -335,6 +337,7 @@ class AdminClient(GovernanceCalls, QualityCalls):
                 "owner": owner,
                 "description": description,
                 "hot": hot,
+                "on_load_failure": on_load_failure,
             }
         )
         return self.request("POST", "/adapters", json_body=body)
@@ -346,10 +349,14 @@ class AdminClient(GovernanceCalls, QualityCalls):
         description: str | None = None,
         owner: str | None = None,
         hot: bool | None = None,
+        on_load_failure: str | None = None,
     ) -> JSON:
         """PATCH: only the given (non-None) fields change. ``hot=True`` marks the adapter hot (the
-        router keeps its active version prewarmed); ``hot=False`` unmarks it."""
-        body = _drop_none({"description": description, "owner": owner, "hot": hot})
+        router keeps its active version prewarmed); ``hot=False`` unmarks it. ``on_load_failure``:
+        error | previous_version | base_model."""
+        body = _drop_none(
+            {"description": description, "owner": owner, "hot": hot, "on_load_failure": on_load_failure}
+        )
         return self.request("PATCH", f"/adapters/{_q(adapter_id)}", json_body=body)
 
     def set_adapter_limits(self, adapter_id: str, limits: dict[str, int | None] | None) -> JSON:

@@ -62,6 +62,24 @@ class UploadGate(StrEnum):
     skipped = "skipped"
 
 
+class LoadFailurePolicy(StrEnum):
+    """What is served when the selected version cannot be (SPEC §15)."""
+
+    error = "error"
+    previous_version = "previous_version"
+    base_model = "base_model"
+
+
+OnLoadFailureOpt = Annotated[
+    LoadFailurePolicy | None,
+    typer.Option(
+        "--on-load-failure",
+        help="When the selected version cannot be served after the router's retry (load failed, hash "
+        "mismatch, load timeout, no capacity): 'error' (503, the server's default), 'previous_version' "
+        "(the version it replaced) or 'base_model' (the bare base model).",
+    ),
+]
+
 QualityGateOpt = Annotated[
     UploadGate | None,
     typer.Option(
@@ -163,11 +181,18 @@ def create(
     hot: Annotated[
         bool, typer.Option("--hot", help="Mark hot: the router keeps the active version prewarmed.")
     ] = False,
+    on_load_failure: OnLoadFailureOpt = None,
 ) -> None:
     """Create an adapter (no versions yet; `push` uploads them)."""
+    policy = on_load_failure.value if on_load_failure is not None else None
     with client(opts) as admin:
         result = admin.create_adapter(
-            adapter, base_model=base, owner=owner, description=description, hot=hot or None
+            adapter,
+            base_model=base,
+            owner=owner,
+            description=description,
+            hot=hot or None,
+            on_load_failure=policy,
         )
     emit(opts, result, summary=f"created adapter {adapter} on base model {base}" + (" (hot)" if hot else ""))
 
@@ -184,16 +209,24 @@ def update(
     ] = None,
     description: Annotated[str | None, typer.Option("--description", help="New description.")] = None,
     owner: Annotated[str | None, typer.Option("--owner", help="New owner.")] = None,
+    on_load_failure: OnLoadFailureOpt = None,
 ) -> None:
-    """Change an adapter's description, owner or hot mark (only those given)."""
-    if hot is None and description is None and owner is None:
-        raise typer.BadParameter("give at least one of --hot/--no-hot, --description, --owner")
+    """Change an adapter's description, owner, hot mark or load-failure policy (only those given)."""
+    policy = on_load_failure.value if on_load_failure is not None else None
+    if hot is None and description is None and owner is None and policy is None:
+        raise typer.BadParameter(
+            "give at least one of --hot/--no-hot, --description, --owner, --on-load-failure"
+        )
     with client(opts) as admin:
-        result = admin.update_adapter(adapter, description=description, owner=owner, hot=hot)
+        result = admin.update_adapter(
+            adapter, description=description, owner=owner, hot=hot, on_load_failure=policy
+        )
     changed = [] if hot is None else ["marked hot" if hot else "no longer marked hot"]
     changed += [
         f"{name} set" for name, v in (("owner", owner), ("description", description)) if v is not None
     ]
+    if policy is not None:
+        changed.append(f"on_load_failure {policy}")
     _print_change(result, opts, f"updated {adapter}: {', '.join(changed)}")
 
 

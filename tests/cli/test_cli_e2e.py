@@ -184,6 +184,27 @@ def test_adapter_create_and_update_hot(admin_url: str, base_model: str) -> None:
     assert res.exit_code == 1 and res.stderr.startswith("error: 404 adapter_not_found: ")
 
 
+def test_adapter_create_and_update_on_load_failure(admin_url: str, base_model: str) -> None:
+    created = cli_json(
+        admin_url, "adapters", "create", "olf-bot", "--base", base_model, "--on-load-failure", "base_model"
+    )
+    assert created["on_load_failure"] == "base_model"
+    plain = cli_json(admin_url, "adapters", "create", "olf-plain", "--base", base_model)
+    assert plain["on_load_failure"] == "error"  # not given: the server's default
+    res = cli(admin_url, "adapters", "update", "olf-bot", "--on-load-failure", "previous_version")
+    assert res.exit_code == 0, res.output
+    assert "updated olf-bot: on_load_failure previous_version" in res.stdout
+    shown = cli_json(admin_url, "adapters", "show", "olf-bot")
+    assert (shown["on_load_failure"], shown["hot"]) == ("previous_version", False)
+    events = cli_json(
+        admin_url, "adapters", "audit", "--action", "adapter.updated", "--subject-id", "olf-bot"
+    )
+    assert [e["details"] for e in events] == [{"on_load_failure": "previous_version"}]
+    res = cli(admin_url, "adapters", "update", "olf-bot", "--on-load-failure", "retry")
+    assert res.exit_code == 2  # not one of the three: refused before any request
+    assert cli_json(admin_url, "adapters", "show", "olf-bot")["on_load_failure"] == "previous_version"
+
+
 def test_invalid_adapter_push_lists_problems(admin_url: str, base_model: str, tmp_path: Path) -> None:
     bad = write_adapter(tmp_path / "bad", rank=128, config_overrides={"use_dora": True})
     res = cli(admin_url, "adapters", "push", str(bad), "-a", "bad-bot", "--base", base_model)

@@ -331,6 +331,15 @@ def test_adapter_update_and_create_bodies(api: FakeAPI) -> None:
     assert json.loads(res.stdout)["hot"] is True
     run_cli(["adapters", "create", "bot", "--base", "demo-base"])
     assert json.loads(api.bodies[-1]) == {"id": "bot", "base_model": "demo-base"}
+    run_cli(["adapters", "create", "bot", "--base", "demo-base", "--on-load-failure", "previous_version"])
+    assert json.loads(api.bodies[-1]) == {
+        "id": "bot",
+        "base_model": "demo-base",
+        "on_load_failure": "previous_version",
+    }
+    res = run_cli(["adapters", "update", "bot", "--on-load-failure", "base_model"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(api.bodies[-1]) == {"on_load_failure": "base_model"}
 
 
 def test_tenant_key_prints_key_once_with_warning(api: FakeAPI) -> None:
