@@ -57,6 +57,8 @@ def make_server(
         lifespan=lifespan,
         log_level=log_level.lower(),
         access_log=False,
+        # nothing reads the client address (no X-Forwarded-For rewriting: one middleware call less)
+        proxy_headers=False,
         server_header=False,
         date_header=False,
         timeout_graceful_shutdown=5,
