@@ -61,6 +61,12 @@ def test_openapi_document_covers_v1(gw: httpx.Client) -> None:
     assert doc["components"]["securitySchemes"]["TenantKey"]["scheme"] == "bearer"
     chat = doc["paths"]["/v1/chat/completions"]["post"]
     assert {"200", "400", "401", "404", "429", "503"} <= set(chat["responses"])
+    for path in ("/v1/chat/completions", "/v1/completions"):  # fallback answers say so (SPEC §15)
+        ok = doc["paths"][path]["post"]["responses"]["200"]
+        assert ok == {"$ref": "#/components/responses/Completion"}
+    headers = doc["components"]["responses"]["Completion"]["headers"]
+    assert "x-loraplane-adapter-version" in headers
+    assert headers["x-loraplane-fallback"]["schema"]["enum"] == ["previous_version", "base_model"]
     assert gw.post("/openapi.json").status_code == 405
 
 
