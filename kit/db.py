@@ -1,6 +1,7 @@
 """Database engine and sessions (SQLAlchemy 2, sync).
 
-- ``make_engine(url)``: PostgreSQL via psycopg 3, or SQLite made to behave (WAL,
+- ``make_engine(url, timeout_s=...)``: PostgreSQL via psycopg 3 (with ``timeout_s``, no operation
+  waits longer, even on a hung server: ``kit.pgconn``), or SQLite made to behave (WAL,
   ``foreign_keys=ON``, busy timeout, ``BEGIN IMMEDIATE`` for every transaction so two writers
   serialise instead of failing on lock upgrade).
 - ``session_scope(factory)``: the one place that commits or rolls back. Services and
@@ -25,7 +26,10 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, *, timeout_s: float | None = None, **kwargs: Any) -> Engine:
+    """``timeout_s`` (PostgreSQL; None or 0: unbounded): the most any one database operation may
+    take — connecting, a statement, a commit, waiting for a pooled connection — before it fails
+    with an ``OperationalError`` (``kit.pgconn``; the admin API's 503 ``database_unavailable``)."""
     url = normalize_url(url)
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
@@ -39,7 +43,23 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
-    return create_engine(url, **kwargs)
+    if not timeout_s:
+        return create_engine(url, **kwargs)
+    from kit import pgconn
+
+    options = u.query.get("options")
+    kwargs["connect_args"] = {
+        **pgconn.connect_args(timeout_s, options if isinstance(options, str) else None),
+        **kwargs.get("connect_args", {}),
+    }
+    kwargs.setdefault("pool_timeout", timeout_s)
+    engine = create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        return pgconn.connect(timeout_s, cargs, cparams)
+
+    return engine
 
 
 def _make_sqlite_behave(engine: Engine) -> None:

@@ -54,6 +54,14 @@ class LoraplaneSettings(BaseSettings):
         default=None,
         description="SQLAlchemy URL (postgresql+psycopg://… in production). Default: SQLite in data_dir.",
     )
+    database_timeout_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="PostgreSQL: the most one database operation (connecting, a statement, a commit, "
+        "waiting for a pooled connection) may take, client side, also when the server hangs; then it fails "
+        "(the admin API answers 503 `database_unavailable`). The server's `statement_timeout` is 80 % of it. "
+        "0: unbounded.",
+    )
     redis_url: str | None = Field(
         default=None,
         description="Redis URL for rate limits, load locks and replica state. Default: in memory.",

@@ -36,7 +36,7 @@ async def run_serve(role: Role) -> None:
     from registry.settings import RegistrySettings
 
     reg_settings = RegistrySettings()
-    engine = make_engine(reg_settings.resolved_database_url())
+    engine = make_engine(reg_settings.resolved_database_url(), timeout_s=reg_settings.database_timeout_s)
     try:
         await asyncio.to_thread(check_schema, engine)
     except Unavailable as e:
@@ -74,12 +74,8 @@ async def run_serve(role: Role) -> None:
                 "loraplane serve never starts simulated replicas"
             )
         store = make_store(reg_settings)
-        router = Router(
-            rsettings,
-            store=store,
-            audit=BufferedAuditSink(DbAuditSink(make_session_factory(engine))),
-            redis=redis,
-        )
+        audit = BufferedAuditSink(DbAuditSink(make_session_factory(engine)))  # written out at exit
+        router = Router(rsettings, store=store, audit=audit, redis=redis)
         gateway = build_gateway(gsettings, router=router, engine=engine, feed=feed)
         if reg_settings.redis_url:  # the console's traffic page, across processes
             from registry.console.wiring import publish_traffic

@@ -219,7 +219,7 @@ async def run_up(
     reg_settings = RegistrySettings(**common, admin_host=host, admin_port=admin_port)
     url = reg_settings.resolved_database_url()
     await asyncio.to_thread(migrate.upgrade, url)
-    engine = make_engine(url)
+    engine = make_engine(url, timeout_s=reg_settings.database_timeout_s)
     factory = make_session_factory(engine)
 
     spec: dict[str, Any] = demo_base_model(base_model)

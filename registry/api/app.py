@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kit.db import make_engine, make_session_factory, session_scope
@@ -146,6 +147,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         log.error("database unavailable", extra={"error": str(exc.orig)})
         return _error(503, "database_unavailable", "the registry database is unavailable")
 
+    @app.exception_handler(PoolTimeout)
+    async def _pool_timeout(_req: Request, exc: PoolTimeout) -> JSONResponse:
+        # every pooled connection is busy past database_timeout_s (a hung or overloaded database)
+        log.error("no database connection free", extra={"error": str(exc)})
+        return _error(503, "database_unavailable", "the registry database is unavailable")
+
     @app.exception_handler(SQLAlchemyError)
     async def _sqlalchemy(_req: Request, exc: SQLAlchemyError) -> JSONResponse:
         log.exception("database error")
@@ -187,7 +194,7 @@ def create_admin_app(
     feed) and refuses a database whose schema is not at head (``Unavailable("stale_schema")``).
     ``evaluator_settings``: the evaluation worker's (default: from the environment)."""
     if engine is None:
-        engine = make_engine(settings.resolved_database_url())
+        engine = make_engine(settings.resolved_database_url(), timeout_s=settings.database_timeout_s)
     check_schema(engine)
     if store is None:
         from registry.storage.base import make_store

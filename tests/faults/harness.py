@@ -11,12 +11,14 @@ zero 500s, zero refused connections to a live gateway.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -95,16 +97,52 @@ class OwnService:
     def resume(self) -> None:
         self.process.signal(signal.SIGCONT)
 
+    def hang(self) -> None:
+        """Hang all of it: SIGSTOP to its process group and to every descendant. PostgreSQL's
+        backends are session leaders of their own (``pause`` leaves them answering on the
+        connections they hold); after this nothing answers, new connections or old."""
+        self.process.signal(signal.SIGSTOP)  # first: the postmaster forks no more backends
+        for pid in _descendants(self.process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def unhang(self) -> None:
+        for pid in _descendants(self.process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self.process.signal(signal.SIGCONT)
+
     def ensure_up(self) -> None:
         """Resumed and running (a test's way out of its fault, whatever happened in between)."""
         if self.process.alive():
-            self.resume()
+            self.unhang()
         else:
             self.start()
 
     def close(self) -> None:
         self.resume()
         self.server.stop()
+
+
+def _descendants(pid: int | None) -> list[int]:
+    """Every process below ``pid`` (Linux ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(d.name))
+    out: list[int] = []
+    todo = [pid] if pid is not None else []
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
 
 
 @contextlib.contextmanager
@@ -385,24 +423,6 @@ def metric_sum(url: str, name: str, **labels: str) -> float:
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += sample.value
-    return total
-
-
-def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float:
-    """The sum of the samples of metric ``name`` in a Prometheus text exposition whose labels
-    include ``labels``; KeyError if there is none."""
-    found, total = False, 0.0
-    want = [f'{k}="{v}"' for k, v in (labels or {}).items()]
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        metric, _, rest = head.partition("{")
-        if metric != name or not all(w in rest for w in want):
-            continue
-        found, total = True, total + float(value)
-    if not found:
-        raise KeyError(name)
     return total
 
 
