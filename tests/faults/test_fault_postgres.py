@@ -10,7 +10,11 @@ PostgreSQL server of the test's own (never the suite's shared one):
 - PostgreSQL hung (SIGSTOP), then resumed (SIGCONT): the same, bounded — admin calls answer 503
   ``database_unavailable`` instead of hanging, and a cold load that must evict an adapter does
   not wait on the unload's audit write; after SIGCONT everything recovers and the buffered events
-  are written.
+  are written (a SIGSTOP of the postmaster and of every backend: ``OwnService.hang``);
+- a gateway SIGTERMed while its audit events wait for a hung database: it keeps trying for the
+  buffer's close timeout, writes them once the database answers, and exits 0;
+- below the platform: an engine with ``timeout_s`` on a hung server fails in bounded time and
+  works again after SIGCONT.
 
 Every request sent is counted: sent = succeeded + failed with a designed error (none is designed
 here: the replicas are healthy); no truncated stream, no hang, no 500.
