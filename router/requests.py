@@ -150,6 +150,7 @@ class RequestLoop:
         if exc.adapter_missing and version is not None:
             # The replica lost the adapter (restart): forget it, reload on the retry.
             rep.residents.pop(version.lora_name, None)
+            store.note_gone(rep, version.lora_name)
             await self._cluster.drop(rep.url, version.lora_name)
         elif any(
             r.healthy and r.url != rep.url and r.url not in excluded for r in store.for_base(req.base_model)

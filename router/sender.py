@@ -96,8 +96,10 @@ class Sender:
             else:
                 result = await self._exchange(rep, req, model, body, cold, queue_s, end)
         except Retryable as exc:
-            # an answer (5xx, adapter missing) is about this model; no answer is about the replica
-            self._health.note_failure(rep, exc.message, model if exc.answered else None)
+            # an answer (5xx) is about this model; no answer is about the replica; "adapter
+            # missing" is about our records (a restart, a stale listing), not the replica's health
+            if not exc.adapter_missing:
+                self._health.note_failure(rep, exc.message, model if exc.answered else None)
             raise
         except TimeoutError:  # the stream's first event did not come in time
             self._health.note_failure(rep, "first-byte timeout")

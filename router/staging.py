@@ -160,7 +160,8 @@ class LocalStager:
         if not LORA_NAME_RE.match(lora_name):
             return
         path = self.path_for(lora_name)
-        await asyncio.to_thread(shutil.rmtree, path, True)
+        async with self._locks.setdefault(lora_name, asyncio.Lock()):  # never under a staging
+            await asyncio.to_thread(shutil.rmtree, path, True)
 
 
 class AgentStager:

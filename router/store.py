@@ -250,6 +250,8 @@ class ReplicaStore:
         self.past_requests: dict[str, int] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._dns_tasks: list[asyncio.Task[None]] = []
+        # (url, lora_name) → when it was unloaded or found missing there (see ``note_gone``)
+        self._gone: dict[tuple[str, str], float] = {}
         self._stopped = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -399,6 +401,14 @@ class ReplicaStore:
                 rep.aborted.add(task)
                 task.cancel()
 
+    def note_gone(self, rep: ReplicaState, lora_name: str) -> None:
+        """``lora_name`` left ``rep`` (unloaded, or the replica said it does not know it): a poll
+        answer asked before now must not bring it back as resident (it may predate the unload)."""
+        now = self._clock()
+        self._gone[(rep.url, lora_name)] = now
+        if len(self._gone) > 4096:
+            self._gone = {k: t for k, t in self._gone.items() if now - t < 120.0}
+
     def note_success(self, rep: ReplicaState) -> None:
         """A request or load succeeded there: the outlier count starts again."""
         if rep.consecutive_failures:
@@ -445,6 +455,8 @@ class ReplicaStore:
             r2 = rep.residents.get(name)
             if r2 is not None and r2.state != "failed":
                 continue
+            if r2 is None and self._gone.get((rep.url, name), float("-inf")) >= asked:
+                continue  # unloaded after the question was asked: a stale answer
             parsed = parse_lora_name(name)
             if parsed is None:
                 continue

@@ -75,6 +75,7 @@ class Unloader:
                 extra={"replica": rep.url, "lora_name": lora_name, "error": res.message},
             )
             return False
+        self._store.note_gone(rep, lora_name)
         if rep.residents.get(lora_name) is r:
             rep.residents.pop(lora_name, None)
             if r is not None and r.requests:
@@ -104,12 +105,19 @@ class Unloader:
         return True
 
     async def _cleanup(self, rep: ReplicaState, lora_name: str) -> None:
-        """Remove staged files once no replica sharing the staging location still uses them."""
+        """Remove staged files once no replica sharing the staging location still uses them —
+        as this process sees it, and as the cluster's records say (another gateway process may be
+        staging or loading the same files onto one of them right now)."""
         local = rep.pool.staging.mode == "local"
-        for other in self._store.replicas.values():
-            if other.pool.name != rep.pool.name or (not local and other.host != rep.host):
-                continue
-            if lora_name in other.residents:
-                return
+        sharing = [
+            other.url
+            for other in self._store.replicas.values()
+            if other.pool.name == rep.pool.name and (local or other.host == rep.host)
+        ]
+        if any(lora_name in self._store.replicas[u].residents for u in sharing):
+            return
+        shares = await self._cluster.read(sharing)
+        if shares is not None and any(lora_name in s.records for s in shares.values()):
+            return
         with contextlib.suppress(StagingError, OSError):
             await self._stagers[rep.pool.name].remove(rep.host, lora_name)

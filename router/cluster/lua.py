@@ -155,7 +155,9 @@ return 1
 """
 )
 
-# KEYS: res, procs   ARGV: pid, now (wall s), asked_at (wall s), n, listed…
+# KEYS: res, procs, gone   ARGV: pid, now (wall s), asked_at (wall s), n, listed…
+# ``gone`` (name → wall time of its unload) keeps an answer asked before an unload from bringing
+# the record back.
 SYNC = (
     PRELUDE
     + """
@@ -172,7 +174,11 @@ for name, r in pairs(recs) do
 end
 for name, _ in pairs(listed) do
   local r = recs[name]
-  if r == nil or r.state == 'failed' then
+  local gone = redis.call('HGET', KEYS[3], name)
+  if r == nil and gone and tonumber(gone) >= tonumber(ARGV[3]) then
+    r = false  -- unloaded after the question was asked: a stale answer
+  end
+  if r == nil or (r and r.state == 'failed') then
     redis.call('HSET', KEYS[1], name, rec('resident', ARGV[1], now))
   end
 end

@@ -13,6 +13,7 @@ from router.cluster.base import OCCUPYING, Claim, LoadCaps, ReplicaShare, Shared
 from router.placement.types import ResidencyState
 
 FAILED_TTL_S = 30.0
+GONE_TTL_S = 120.0  # how long an unload keeps stale poll answers from re-adding its record
 LOADING = frozenset({"staging", "loading"})
 NO_CAPS = LoadCaps()
 
@@ -32,6 +33,9 @@ class MemoryCluster:
         self._marks: dict[tuple[str, str], int] = {} if counts is None else counts
         self._pool_loads: dict[str, set[tuple[str, str]]] = {}  # pool → loads in flight
         self._pool_of: dict[tuple[str, str], str] = {}
+        # (url, lora_name) → wall time it was unloaded or found missing: a poll asked before that
+        # must not bring its record back (its answer may have been sent before the unload)
+        self._gone: dict[tuple[str, str], float] = {}
 
     @property
     def shared(self) -> bool:
@@ -133,6 +137,7 @@ class MemoryCluster:
 
     async def drop(self, url: str, lora_name: str) -> None:
         self._recs(url).pop(lora_name, None)
+        self._gone[(url, lora_name)] = self._wall()
         self._load_over(url, lora_name)
 
     async def record(self, url: str, lora_name: str) -> SharedRecord | None:
@@ -150,6 +155,7 @@ class MemoryCluster:
     async def end_unload(self, url: str, lora_name: str, ok: bool) -> None:
         if ok:
             self._recs(url).pop(lora_name, None)
+            self._gone[(url, lora_name)] = self._wall()
         else:
             self._put(url, lora_name, "resident")
 
@@ -163,8 +169,13 @@ class MemoryCluster:
                 del recs[name]
         for name in names:
             found = recs.get(name)
+            if found is None and self._gone.get((url, name), float("-inf")) >= asked_at:
+                continue  # unloaded after the question was asked: the answer is stale
             if found is None or found.state == "failed":
                 self._put(url, name, "resident")
+        for key, at in list(self._gone.items()):
+            if now - at > GONE_TTL_S:
+                del self._gone[key]
 
     async def read(self, urls: Sequence[str]) -> dict[str, ReplicaShare] | None:
         return None  # nothing beyond this process: the router's own records are the truth

@@ -30,7 +30,7 @@ from kit.aio import cancel_all
 from router.cluster import lua
 from router.cluster.base import Claim, LoadCaps, ReplicaShare, SharedRecord
 from router.cluster.marks import MarkBook
-from router.cluster.memory import NO_CAPS, MemoryCluster
+from router.cluster.memory import GONE_TTL_S, NO_CAPS, MemoryCluster
 from router.placement.types import ResidencyState
 
 log = logging.getLogger("loraplane.router.cluster")
@@ -102,6 +102,9 @@ class RedisCluster:
 
     def _marks(self, url: str) -> str:
         return f"{self._p}cl:mark:{url}"
+
+    def _gone(self, url: str) -> str:
+        return f"{self._p}cl:gone:{url}"
 
     @property
     def _procs(self) -> str:
@@ -273,8 +276,16 @@ class RedisCluster:
 
     async def drop(self, url: str, lora_name: str) -> None:
         await self._local.drop(url, lora_name)
-        await self._write(lambda: self._redis.hdel(self._res(url), lora_name))
+        await self._write(lambda: self._drop(url, lora_name))
         await self._load_over(url, lora_name)
+
+    async def _drop(self, url: str, lora_name: str) -> None:
+        """Delete the record and leave a tombstone (see ``lua.SYNC``) for ``GONE_TTL_S``."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self._res(url), lora_name)
+            pipe.hset(self._gone(url), lora_name, self._wall())
+            pipe.expire(self._gone(url), int(GONE_TTL_S))
+            await pipe.execute()
 
     async def _write(self, op: Callable[[], Any]) -> None:
         if self._down:
@@ -323,7 +334,7 @@ class RedisCluster:
             return
         with contextlib.suppress(RedisError, OSError):
             await self._sync(
-                keys=[self._res(url), self._procs],
+                keys=[self._res(url), self._procs, self._gone(url)],
                 args=[self.pid, self._wall(), asked_at, len(names), *names],
             )
 

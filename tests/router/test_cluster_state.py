@@ -107,6 +107,24 @@ async def test_sync_models_adopts_listed_and_drops_vanished(one: ClusterState) -
     assert rec is not None and rec.state == "resident"
 
 
+async def test_a_listing_asked_before_an_unload_does_not_bring_the_record_back(one: ClusterState) -> None:
+    """The soak's phantom residents: ``sync_models`` with an answer asked before the unload must
+    not re-add the record; one asked after the unload that lists it does."""
+    import time
+
+    await fill(one, ["x@v1-00000001"])
+    asked = time.time()  # the poll asks /v1/models: the replica still lists x
+    await asyncio.sleep(0.01)
+    assert await one.begin_unload(URL, "x@v1-00000001")  # this process evicts x meanwhile
+    await one.end_unload(URL, "x@v1-00000001", True)
+    await one.sync_models(URL, ["x@v1-00000001"], asked)  # the older answer arrives
+    assert await one.record(URL, "x@v1-00000001") is None
+    await asyncio.sleep(0.01)
+    await one.sync_models(URL, ["x@v1-00000001"], time.time())  # asked after: it is there
+    rec = await one.record(URL, "x@v1-00000001")
+    assert rec is not None and rec.state == "resident"
+
+
 async def test_two_processes_see_each_others_marks_and_one_load(procs: Factory) -> None:
     a, b = await procs("gw-a"), await procs("gw-b")
     claims = await asyncio.gather(*(c.claim(URL, "x@v1-00000001", 3, (), 0.0) for c in (a, b, a, b)))

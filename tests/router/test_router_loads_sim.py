@@ -253,3 +253,40 @@ async def test_prewarm_loads_onto_n_replicas(
         await wait_until(lambda: sum(v.lora_name in s.loaded() for s in sims) == 3, timeout=10)
     finally:
         await redis.aclose()
+
+
+async def test_staged_files_stay_while_another_process_stages_the_same_version(
+    sims: list[Sim], make_router: RouterFactory, artifacts, tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    """The soak's lost staged files: process A unloads a version from one replica while process B
+    (sharing the staging directory) is staging it for another; A must leave the files (the cluster's
+    records say B needs them), and remove them once nobody does."""
+    v = put_version(artifacts, tmp_path, "sharedfiles", seed=41)
+    urls = [sims[0].url, sims[1].url]
+    clients = [make_redis(redis_url) for _ in range(2)]
+    try:
+        a, b = [await make_router(urls, redis=c, redis_prefix=redis_prefix) for c in clients]
+        a.update_snapshot(snapshot_of(v))
+        b.update_snapshot(snapshot_of(v))
+        res = await a.forward(chat(v))
+        assert res.status == 200
+        staged = tmp_path / "staging" / v.lora_name
+        assert staged.is_dir()
+        other = sims[1].url if res.replica == sims[0].url else sims[0].url
+        await asyncio.sleep(1.0)  # the request's in-flight mark lapses
+        claim = await b.cluster.claim(other, v.lora_name, 4, (), 0.0)  # B starts staging it there
+        assert claim.outcome == "reserved"
+        rep = a.store.replicas[res.replica]
+        assert await a.unloader.unload(rep, v.lora_name, "evict")  # before A's view syncs B's claim
+        assert v.lora_name not in sims[0].loaded() | sims[1].loaded()
+        assert staged.is_dir(), "A removed files another process is staging"
+        await b.cluster.drop(other, v.lora_name)  # B gave up: nobody needs them any more
+        await wait_until(lambda: v.lora_name not in a.store.replicas[other].residents, 10)
+        res2 = await a.forward(chat(v))
+        assert res2.status == 200
+        rep2 = a.store.replicas[res2.replica]
+        await wait_until(lambda: a.unloader.unload(rep2, v.lora_name, "evict"), 10)
+        assert not staged.exists()
+    finally:
+        for c in clients:
+            await c.aclose()

@@ -179,3 +179,38 @@ async def test_outliers_are_replicas_failing_for_more_than_one_model() -> None:
     assert rep.healthy
     store.note_failure(rep, "first-byte timeout")
     assert not rep.healthy
+
+
+def test_a_poll_answer_asked_before_an_unload_does_not_bring_the_adapter_back() -> None:
+    """The soak's phantom residents: a ``/v1/models`` answer asked before an unload and applied
+    after it must not re-add the unloaded adapter (requests would go to a replica that lacks it);
+    an answer asked after the unload that lists it (loaded by someone else) still does."""
+    from prometheus_client import CollectorRegistry
+
+    from router.drivers.base import ModelsInfo
+    from router.metrics import RouterMetrics
+    from router.store import ReplicaState, ReplicaStore
+
+    now = [100.0]
+    pool = PoolConfig(name="p", base_model="demo-base", urls=["http://10.0.0.9:8000"])
+    store = ReplicaStore(
+        RouterSettings(pools=[pool]),
+        {},
+        clock=lambda: now[0],
+        wall=lambda: now[0],
+        metrics=RouterMetrics(CollectorRegistry()),
+    )
+    rep = ReplicaState(url="http://10.0.0.9:8000", pool=pool, driver=None, healthy=True)  # type: ignore[arg-type]
+    name = "x@v1-00000001"
+    listing = ModelsInfo(base_names=("demo-base",), adapters={name: "/staging/x"})
+    store.reconcile(rep, listing, asked_at=now[0])
+    assert rep.residents[name].state == "resident"
+    asked = now[0] = 101.0  # a poll asks; the replica still lists x
+    now[0] = 101.5
+    store.note_gone(rep, name)  # the unload finishes meanwhile
+    rep.residents.pop(name)
+    now[0] = 102.0
+    store.reconcile(rep, listing, asked_at=asked)  # the older answer arrives
+    assert name not in rep.residents
+    store.reconcile(rep, listing, asked_at=now[0])  # asked after the unload: it really is there
+    assert rep.residents[name].state == "resident"
