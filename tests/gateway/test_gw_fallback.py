@@ -1,11 +1,14 @@
 """Load-failure fallback (SPEC §15) through the real gateway processes with simulator replicas:
-for each ``on_load_failure`` policy, a version whose load is refused, times out or whose stored
-object was tampered with, streaming and not; pinned versions never fall back."""
+for each ``on_load_failure`` policy, a version whose load is refused, times out, whose stored
+object was tampered with, streaming and not, or that finds no capacity (the router's cap on the
+requests waiting for one adapter's load); pinned versions never fall back."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -22,21 +25,40 @@ MSG = [{"role": "user", "content": "hello"}]
 POLICIES = ("error", "previous_version", "base_model")
 
 
-@pytest.fixture(scope="module")
-def plat(s3_server: ls.S3Server, redis_url: str) -> Iterator[Platform]:
+@contextlib.contextmanager
+def platform(
+    s3_server: ls.S3Server, redis_url: str, sims: int, env: dict[str, str] | None = None
+) -> Iterator[Platform]:
     with run_platform(
         s3_server,
         redis_url,
         gateways=1,
+        sims=sims,
         sim_args=("--zero-latency", "--enable-fault-control"),
         env={
             "LORAPLANE_LOAD_TIMEOUT_S": "1.5",
             "LORAPLANE_RETIRED_IDLE_UNLOAD_S": "3600",
             "LORAPLANE_OUTLIER_FAILURES": "1000",  # the refusals here are on purpose
+            **(env or {}),
         },
     ) as p:
         p.admin.create_tenant("acme", limits={"rpm": 100_000})
         p.keys["acme"] = p.admin.issue_key("acme")["key"]
+        yield p
+
+
+@pytest.fixture(scope="module")
+def plat(s3_server: ls.S3Server, redis_url: str) -> Iterator[Platform]:
+    with platform(s3_server, redis_url, sims=2) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def plat1(s3_server: ls.S3Server, redis_url: str) -> Iterator[Platform]:
+    """One replica, where one request at a time may wait for an adapter's load: a second one finds
+    no capacity (the router's 503 ``no_capacity``, raised before any load of its own)."""
+    env = {"LORAPLANE_MAX_COLD_WAITERS_PER_ADAPTER": "1", "LORAPLANE_LOAD_TIMEOUT_S": "10"}
+    with platform(s3_server, redis_url, sims=1, env=env) as p:
         yield p
 
 
@@ -79,10 +101,12 @@ def two_versions(p: Platform, adapter_id: str, policy: str) -> None:
     time.sleep(0.5)
 
 
-def check(p: Platform, adapter_id: str, policy: str, stream: bool) -> None:
+def check(
+    p: Platform, adapter_id: str, policy: str, stream: bool, error: str = "adapter_load_failed"
+) -> None:
     status, headers, text = call(p, f"demo-base:{adapter_id}", stream=stream)
     if policy == "error":
-        assert status == 503 and "adapter_load_failed" in text, (status, text)
+        assert status == 503 and f'"code":"{error}"' in text.replace(" ", ""), (status, text)
         assert "x-loraplane-fallback" not in headers
         return
     assert status == 200, text
@@ -126,6 +150,40 @@ def test_tampered_object_follows_the_policy(plat: Platform, policy: str, s3_serv
     s3_server.client().put_object(Bucket=bucket, Key=f"{prefix}adapter_model.safetensors", Body=b"tampered")
     check(plat, aid, policy, stream=True)
     assert audit_events(plat, "adapter.hash_mismatch", aid)
+
+
+def sim_state(p: Platform) -> dict[str, Any]:
+    return dict(httpx.get(f"{p.sim_urls[0]}/_sim/state", timeout=5).raise_for_status().json())
+
+
+def wait_for(what: str, cond: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_no_capacity_follows_the_policy(plat1: Platform, policy: str) -> None:
+    p = plat1
+    aid = f"full-{policy.replace('_', '')[:8]}"
+    two_versions(p, aid, policy)
+    calls = sim_state(p)["load_calls"]
+    faults(p, slow_load_s=4.0)  # v2's load takes 4 s (the load timeout here is 10 s)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(call, p, f"demo-base:{aid}")  # the one request allowed to wait for v2
+        try:
+            wait_for("v2's load", lambda: sim_state(p)["load_calls"] > calls)
+            check(p, aid, policy, stream=False, error="no_capacity")  # a second one: no capacity
+            assert not first.done()  # answered at once, while the first still waits for the load
+        finally:
+            faults(p, reset=True)
+            status, headers, text = first.result()
+    assert status == 200 and headers["x-loraplane-adapter-version"] == "v2", (status, text)
+    assert "x-loraplane-fallback" not in headers
+    if policy != "error":
+        events = audit_events(p, "adapter.fallback", aid)
+        assert events and "waiting for adapter" in events[0]["details"]["reason"], events
 
 
 def test_pinned_version_never_falls_back_and_fallbacks_are_counted_and_audited(plat: Platform) -> None:
