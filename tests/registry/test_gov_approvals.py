@@ -229,6 +229,10 @@ def test_reject_and_filters(gov_client: TestClient, factory: Any) -> None:
     r = admin.post(f"{V1}/promotions/{req['id']}/reject", headers=appr, json={"comment": "not now"})
     assert r.status_code == 200, r.text
     assert (r.json()["status"], r.json()["decided_by"], r.json()["comment"]) == ("rejected", "abe", "not now")
+    params = {"action": "promotion.rejected", "subject_id": "support"}
+    rejected = admin.get(f"{V1}/audit", params=params).json()["data"]
+    assert [(e["actor"], e["subject_type"]) for e in rejected] == [("abe", "adapter")]
+    assert rejected[0]["details"] == {"promotion_id": req["id"], "version": "v2", "comment": "not now"}
     error_of(admin.post(f"{V1}/promotions/{req['id']}/approve", headers=appr), 409, "promotion_not_pending")
     lst = admin.get(f"{V1}/promotions", params={"adapter_id": "other"}).json()["data"]
     assert [p["id"] for p in lst] == [other["id"]]
