@@ -372,7 +372,7 @@ def up(
     ),
 ) -> None:
     """Start everything on the embedded defaults: registry, gateway, router and simulated replicas
-    (or, with ``--engine vllm --model DIR``, real vLLM replicas)."""
+    (or, with `--engine vllm --model DIR`, real vLLM replicas)."""
     import uvloop
 
     from kit.logs import setup_logging

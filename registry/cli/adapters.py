@@ -433,7 +433,7 @@ def disable(opts: CliOptions, adapter: AdapterArg) -> None:
 
 @admin_command(adapters_app, "enable")
 def enable(opts: CliOptions, adapter: AdapterArg) -> None:
-    """Undo ``disable``: the adapter is served as before."""
+    """Undo `disable`: the adapter is served as before."""
     with client(opts) as admin:
         result = admin.enable_adapter(adapter)
     _print_change(result, opts, f"{adapter} enabled")

@@ -482,6 +482,34 @@ def test_groups_are_mounted_in_the_loraplane_cli() -> None:
         assert cmd in res.output
 
 
+def test_no_help_text_shows_restructuredtext_double_backticks() -> None:
+    """Typer prints help as written: a docstring's ``x`` (reST) would show both backticks."""
+    import typer
+    from typer.core import TyperArgument, TyperGroup, TyperOption
+    from typer.testing import CliRunner
+
+    from loraplane.cli import app
+
+    seen: list[str] = []
+    bad: list[tuple[str, str]] = []
+
+    def walk(cmd: typer.core.TyperCommand | TyperGroup, path: str) -> None:
+        seen.append(path)
+        texts = [cmd.help or ""]
+        texts += [p.help or "" for p in cmd.params if isinstance(p, TyperOption | TyperArgument)]
+        bad.extend((path, t) for t in texts if "``" in t)
+        if isinstance(cmd, TyperGroup):
+            for name, sub in cmd.commands.items():
+                assert isinstance(sub, typer.core.TyperCommand | TyperGroup)
+                walk(sub, f"{path} {name}")
+
+    walk(typer.main.get_command(app), "loraplane")
+    assert {"loraplane up", "loraplane adapters create", "loraplane tenants create"} <= set(seen)
+    assert bad == []
+    res = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
+    assert "`--engine vllm --model DIR`" in res.output and "``" not in res.output
+
+
 def test_every_admin_command_takes_url_token_json_context_last() -> None:
     """``admin_command`` appends the shared options after each command's own, with their help."""
     shared = {
