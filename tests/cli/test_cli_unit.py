@@ -503,7 +503,9 @@ def test_no_help_text_shows_restructuredtext_double_backticks() -> None:
                 assert isinstance(sub, typer.core.TyperCommand | TyperGroup)
                 walk(sub, f"{path} {name}")
 
-    walk(typer.main.get_command(app), "loraplane")
+    top = typer.main.get_command(app)
+    assert isinstance(top, TyperGroup)
+    walk(top, "loraplane")
     assert {"loraplane up", "loraplane adapters create", "loraplane tenants create"} <= set(seen)
     assert bad == []
     res = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
