@@ -27,6 +27,9 @@ recorded: on a shared machine the tail follows the load.
 
     .venv/bin/python benchmarks/propagation.py [--flips 200] [--gateways 3] [--concurrency 2]
 
+``--snapshot-verify-s S`` sets the gateways' whole-reload period (``LORAPLANE_SNAPSHOT_VERIFY_S``,
+default 300 s; 15 makes them reload the whole table every 15 s, as the safety net once did).
+
 ``--server-root DIR`` runs the registry and gateway processes from another checkout (e.g. an
 older commit for a before/after comparison); the client stays this one.
 """
@@ -196,6 +199,8 @@ async def run_flips(
                 "gaps": _delta(a, b, "gaps"),
                 "safety_net_loads": _delta(a, b, "refreshes"),
                 "safety_net_outrun": _delta(a, b, "refreshes_outrun"),
+                "revision_checks": _delta(a, b, "revision_checks"),
+                "missed_notices": _delta(a, b, "missed"),
                 "last_apply_ms": a.get("apply_ms"),
                 "last_whole_load_ms": a.get("load_ms"),
             }
@@ -390,6 +395,12 @@ def main() -> None:
     ap.add_argument("--gap-ms", type=float, default=100.0, help="mean pause between flips")
     ap.add_argument("--registry-adapters", type=int, default=1000, help="other adapters in the registry")
     ap.add_argument("--registry-tenants", type=int, default=200, help="other tenants (key + 20 grants each)")
+    ap.add_argument(
+        "--snapshot-verify-s",
+        type=float,
+        default=None,
+        help="the gateways' LORAPLANE_SNAPSHOT_VERIFY_S (whole reload period; default: theirs, 300 s)",
+    )
     ap.add_argument("--server-root", default=str(ROOT))
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "propagation.json"))
@@ -405,6 +416,8 @@ def main() -> None:
     try:
         with ls.temp_pg_database("benchprop") as pg:
             env = platform_env(work, pg, prefix, [p.url for p in sims], server_root)
+            if args.snapshot_verify_s is not None:
+                env["LORAPLANE_SNAPSHOT_VERIFY_S"] = str(args.snapshot_verify_s)
             reg, admin_url = start_registry(work, env, server_root)
             procs.append(reg)
             key = seed(admin_url, work)
@@ -442,6 +455,7 @@ def main() -> None:
             "registry_adapters": args.registry_adapters,
             "registry_tenants": args.registry_tenants,
             "feed": "postgres LISTEN/NOTIFY",
+            "snapshot_verify_s": args.snapshot_verify_s,
             "server_root": str(server_root),
         },
         "result": result,
@@ -466,7 +480,8 @@ def main() -> None:
         print(
             f"  {t['gateway']}: whole reloads {t['whole_reloads']}, incremental applies "
             f"{t['incremental_applies']}, gaps {t['gaps']}, safety-net loads {t['safety_net_loads']} "
-            f"({t['safety_net_outrun']} outrun by changes), last apply {t['last_apply_ms']} ms"
+            f"({t['safety_net_outrun']} outrun by changes), revision checks {t['revision_checks']} "
+            f"(missed notices {t['missed_notices']}), last apply {t['last_apply_ms']} ms"
         )
     print(f"wrote {args.out}")
 

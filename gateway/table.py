@@ -19,7 +19,7 @@ revision (``apply_changes.revision()``, a single-row SELECT). Equal to the table
 was missed, the table is confirmed fresh. Newer, and the feed does not bring the table there
 within ``NOTICE_GRACE_S`` (the notices may be on their way): a notice was lost — counted
 (``missed``) and the whole snapshot reloaded. A whole load runs anyway every ``verify_s``
-(default 5 minutes) and without ``apply_changes`` every ``refresh_s``; it runs *beside* the
+(default 5 minutes, ± 10 %) and without ``apply_changes`` every ``refresh_s``; it runs *beside* the
 change path (a whole load of a large registry takes long; changes keep being applied
 meanwhile) and is installed only if nothing newer was applied; a table that differs from it at
 the same revision is counted (``drifts``) and replaced. (A whole load every ``refresh_s`` held
@@ -40,6 +40,7 @@ import contextlib
 import gc
 import inspect
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -338,14 +339,19 @@ class RoutingTable:
             self._wanted.clear()
             await self.catch_up()
 
+    def _next_verify(self) -> float:
+        """When the next whole load is due: ``verify_s`` ± 10 %, so that gateways started together
+        (a deploy) do not all load the whole table from the database at the same moment."""
+        return time.monotonic() + self._verify_s * random.uniform(0.9, 1.1)
+
     async def _refresh_loop(self) -> None:
-        verify_at = time.monotonic() + self._verify_s
+        verify_at = self._next_verify()
         while True:
             await asyncio.sleep(self._refresh_s)
             if self.snapshot is None or self.stale:  # ``_run`` is retrying already
                 continue
             if self._apply is None or time.monotonic() >= verify_at:
-                verify_at = time.monotonic() + self._verify_s
+                verify_at = self._next_verify()
                 await self.refresh()
             else:
                 await self.check_revision()

@@ -178,6 +178,7 @@ async def test_snapshot_age_metric_grows_while_postgres_refuses_and_drops_after(
         await client.aclose()
         await gw.stop()
         gw_engine.dispose()
+        gc.unfreeze()  # build_gateway's table froze this test process after its first load
 
 
 async def test_whole_load_on_the_loop_is_built_in_slices_and_equals_the_blocking_load(
@@ -214,6 +215,7 @@ async def test_whole_load_on_the_loop_is_built_in_slices_and_equals_the_blocking
 async def test_first_whole_load_freezes_the_objects_alive_once() -> None:
     snap, _ = make_snapshot()
     table = RoutingTable(lambda: snap, refresh_s=60, freeze_gc=True)
+    gc.unfreeze()  # whatever an earlier test in this process froze
     assert gc.get_freeze_count() == 0
     try:
         await table.start()
