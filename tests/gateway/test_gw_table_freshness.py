@@ -221,7 +221,7 @@ async def test_first_whole_load_freezes_the_objects_alive_once() -> None:
         await table.start()
         frozen = gc.get_freeze_count()
         assert frozen > 1000  # this process's modules and objects
-        kept = [[] for _ in range(1000)]  # alive at the next load: not frozen (no second freeze)
+        kept: list[list[int]] = [[] for _ in range(1000)]  # alive at the next load: never frozen
         assert await table.reload()
         assert gc.get_freeze_count() < frozen + len(kept)  # frozen ones may be freed meanwhile
     finally:
