@@ -378,7 +378,10 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
         if not mine:
             continue
         xs = [r["replicas"] for r in mine]
-        name = {"default": "decision only, full pass (fused)"}.get(label, label.removeprefix("default "))
+        name = {
+            "default (router path)": "router path, index",
+            "default (router path, full pass)": "router path, full pass",
+        }.get(label, "decision only, full pass (fused)")
         ax.plot(xs, [r["raw_first_pass_p99_us"] for r in mine], style, label=f"{name}: p99")
         ax.plot(xs, [r["raw_first_pass_p50_us"] for r in mine], style, alpha=0.45, label=f"{name}: p50")
     ax.set_xscale("log")
