@@ -30,7 +30,7 @@ from tests.gateway.gw_platform import Platform, run_platform
 
 from .harness import MSG, Outcome, OwnService, Traffic, own_redis, seed, wait_served, wait_until
 
-pytestmark = [pytest.mark.faults, pytest.mark.xdist_group("faults")]
+pytestmark = [pytest.mark.faults, pytest.mark.xdist_group("faults-gateways")]
 
 BOUND_S = 20.0
 LEASE_S = 6.0

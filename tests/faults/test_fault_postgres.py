@@ -41,7 +41,7 @@ from tests.gateway.gw_platform import ADMIN_TOKEN, Platform, run_platform
 
 from .harness import MSG, OwnService, Traffic, metric_sum, own_postgres, seed, wait_served, wait_until
 
-pytestmark = [pytest.mark.faults, pytest.mark.xdist_group("faults")]
+pytestmark = [pytest.mark.faults, pytest.mark.xdist_group("faults-postgres")]
 
 DB_TIMEOUT_S = 1.5  # LORAPLANE_DATABASE_TIMEOUT_S of every process here
 # an admin call while the database is down or hung answers within this: on a hung server the

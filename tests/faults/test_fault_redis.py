@@ -29,7 +29,7 @@ from tests.gateway.gw_platform import Platform, run_platform
 
 from .harness import MSG, OwnService, Traffic, own_redis, seed, wait_served, wait_until
 
-pytestmark = [pytest.mark.faults, pytest.mark.xdist_group("faults")]
+pytestmark = [pytest.mark.faults, pytest.mark.xdist_group("faults-redis")]
 
 BOUND_S = 20.0
 # open mode: once Redis accepts connections again, every gateway's limiter is healthy within this

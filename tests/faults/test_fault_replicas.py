@@ -24,7 +24,7 @@ from tests.gateway.gw_platform import Platform, run_platform
 
 from .harness import Traffic, metric_sum, seed, wait_served
 
-pytestmark = [pytest.mark.faults, pytest.mark.xdist_group("faults")]
+pytestmark = [pytest.mark.faults, pytest.mark.xdist_group("faults-replicas")]
 
 TTFB_S = 3.0
 IDLE_S = 3.0
