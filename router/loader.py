@@ -238,6 +238,7 @@ class Loader:
                 self._store.mark_failure(rep, res.message, immediate=True)
             else:
                 self._store.note_failure(rep, f"load of {name} failed ({failure})", name)
+                self._store.note_load(rep, name, ok=False, error=f"{failure}: {res.message[:200]}")
             await self._failed(rep, version, labels, details, t0, failure, res.message, res.retry_elsewhere)
             raise LoadError(
                 f"load of {version.adapter_id} {version.version} on {rep.url} failed "
@@ -247,6 +248,7 @@ class Loader:
             )
         duration = self._clock() - t0
         self._store.note_success(rep)
+        self._store.note_load(rep, name, ok=True)
         self._record(rep, version, "resident")
         await self._cluster.set_state(rep.url, name, "resident")
         self._metrics.loads.labels(**labels, result="ok").inc()

@@ -54,6 +54,8 @@ class Planner:
         """The replica for ``req`` (never one in ``excluded``); raises NoCapacity (``ColdSlotsFull``
         when only the slots reserved for hot adapters are left)."""
         version = req.version
+        if version is not None:  # not where loads are paused (a replica refusing them)
+            excluded = self._store.load_exclusions(req.base_model, version.lora_name, excluded)
         body = req.body
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 0
         preq = PlacementRequest(
@@ -146,7 +148,7 @@ class Planner:
     ) -> tuple[ReplicaState, Decision] | None:
         """Where one more copy of ``info`` goes (a prewarm), or None when no replica can take it
         (with ``strict_hot``: not without evicting another hot copy)."""
-        cands = [r for r in candidates if r.url not in exclude]
+        cands = self._store.load_targets([r for r in candidates if r.url not in exclude], info.lora_name)
         if not cands:
             return None
         preq = PlacementRequest(

@@ -5,7 +5,10 @@ the ``ArtifactStore`` into ``<root>/.tmp-<lora_name>-<random>/``, hashed while w
 against the registry's sha256, and only then the directory is renamed to
 ``<root>/<lora_name>/``. Before EVERY load the staged copy is re-hashed (SPEC §10); a staged
 copy that no longer matches is thrown away and staged again; a stored object that does not
-match raises :class:`HashMismatch` (no load happens).
+match raises :class:`HashMismatch` (no load happens). A write that fails (the staging
+filesystem full, read-only…) removes the temporary directory and raises :class:`StagingError`:
+the load fails with the designed 503 (SPEC §15's fallback applies), nothing half-written is
+ever renamed into place.
 
 Agent mode: the same, but the bytes go to ``loraplane agent`` beside the replica (see
 ``router.agent``), which verifies on its side too and renames into its volume.
@@ -114,6 +117,12 @@ class LocalStager:
         return True
 
     def _stage_sync(self, version: VersionInfo) -> str:
+        try:
+            return self._stage_files(version)
+        except OSError as exc:  # this side's filesystem: full, read-only, over quota, gone
+            raise StagingError(f"cannot write to the staging directory {self.root}: {exc}") from exc
+
+    def _stage_files(self, version: VersionInfo) -> str:
         final = self.path_for(version.lora_name)
         if final.is_dir() and not final.is_symlink():
             if self._verify_existing(final, version):

@@ -167,6 +167,11 @@ class ReplicaState:
     consecutive_failures: int = 0
     failed_models: set[str] = field(default_factory=set)  # what those failures were for ("*": the replica)
     ejected_until: float = 0.0
+    # failed loads in a row (requests served there in between do not reset it) and of what; no
+    # new adapter is placed there until loads_paused_until (``ReplicaStore.note_load``)
+    load_failures: int = 0
+    load_failed_models: set[str] = field(default_factory=set)
+    loads_paused_until: float = 0.0
     # requests sent here still waiting for their first byte (aborted when the replica is ejected)
     pending: set[asyncio.Task[Any]] = field(default_factory=set)
     aborted: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -242,6 +247,7 @@ class ReplicaStore:
         self._metrics = metrics
         self._on_poll = on_poll
         self.replicas: dict[str, ReplicaState] = {}
+        self._loads_paused_until = 0.0  # the latest end of a replica's load pause (note_load)
         # urls of the replicas whose placement view changed (or that were added or removed) since
         # the last take_changes(): the planner's placement index updates only those.
         self.changes: set[str] = set()
@@ -432,6 +438,52 @@ class ReplicaStore:
             self.mark_failure(
                 rep, f"{self._settings.outlier_failures} failures in a row, last: {error}", immediate=True
             )
+
+    def note_load(self, rep: ReplicaState, model: str, *, ok: bool, error: str = "") -> None:
+        """A load there succeeded or failed. After ``outlier_failures`` failed loads in a row, of
+        at least two adapters, no new adapter is placed there for ``outlier_cooloff_s``
+        (:meth:`load_targets`); what it holds keeps serving. Unlike :meth:`note_failure`, the
+        requests it serves meanwhile do not reset the count: a replica that serves its adapters
+        but refuses every load is still found under traffic."""
+        if ok:
+            rep.load_failures = 0
+            rep.load_failed_models.clear()
+            return
+        rep.load_failures += 1
+        rep.load_failed_models.add(model)
+        if rep.load_failures >= self._settings.outlier_failures and len(rep.load_failed_models) >= 2:
+            rep.load_failures = 0
+            rep.load_failed_models.clear()
+            rep.loads_paused_until = self._clock() + self._settings.outlier_cooloff_s
+            self._loads_paused_until = max(self._loads_paused_until, rep.loads_paused_until)
+            log.warning(
+                "replica refuses loads: no new adapters placed there for a while",
+                extra={"replica": rep.url, "cooloff_s": self._settings.outlier_cooloff_s, "error": error},
+            )
+
+    def load_targets(self, reps: list[ReplicaState], lora_name: str) -> list[ReplicaState]:
+        """``reps`` less those whose loads are paused (:meth:`note_load`) unless ``lora_name`` is
+        there already; all of ``reps`` when that would leave none."""
+        now = self._clock()
+        if now >= self._loads_paused_until:  # no replica's loads are paused (the usual case)
+            return reps
+        out = [
+            r
+            for r in reps
+            if now >= r.loads_paused_until
+            or ((x := r.residents.get(lora_name)) is not None and x.state != "failed")
+        ]
+        return out or reps
+
+    def load_exclusions(self, base_model: str, lora_name: str, excluded: set[str]) -> set[str]:
+        """``excluded`` plus the healthy replicas of ``base_model`` that :meth:`load_targets`
+        leaves out for ``lora_name`` (``excluded`` itself when there are none)."""
+        if self._clock() >= self._loads_paused_until:
+            return excluded
+        reps = [r for r in self.for_base(base_model) if r.healthy and r.url not in excluded]
+        keep = {r.url for r in self.load_targets(reps, lora_name)}
+        paused = {r.url for r in reps if r.url not in keep}
+        return excluded | paused if paused else excluded
 
     def reconcile(self, rep: ReplicaState, models: ModelsInfo, asked_at: float | None = None) -> None:
         """Align residency with what the replica said (at ``asked_at``) it has registered.
