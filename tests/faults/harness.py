@@ -451,6 +451,10 @@ class ColdTraffic(Traffic):
         super().__init__(gateways, key, models, **kw)
         self._left = list(models)
 
+    def start(self) -> ColdTraffic:
+        super().start()
+        return self
+
     def _next(self) -> tuple[str, str, bool]:
         with self._lock:
             if not self._left:
