@@ -150,7 +150,8 @@ class RouterSettings(LoraplaneSettings):
         ge=1,
         description="Consecutive failures (refused or failed connections, 5xx, first-byte timeouts, "
         "failed loads) that take a replica out of rotation before its next health poll "
-        "(passive outlier detection).",
+        "(passive outlier detection); as many failed loads in a row, of at least two adapters, "
+        "stop new adapters being placed there for the cool-off.",
     )
     outlier_cooloff_s: float = Field(
         default=10.0,

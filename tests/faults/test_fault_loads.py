@@ -40,7 +40,7 @@ from tests.gateway.gw_platform import Platform, run_platform
 from .harness import ColdTraffic, Traffic, loaded_on, readyz, seed, sim_faults, sim_state, wait_served
 from .test_fault_s3 import own_s3, restart_s3, stop_s3  # noqa: F401  (own_s3: the fixture)
 
-pytestmark = [pytest.mark.faults, pytest.mark.xdist_group("faults")]
+pytestmark = [pytest.mark.faults, pytest.mark.xdist_group("faults-loads")]
 
 BOUND_S = 20.0
 SIM_ARGS = ("--enable-fault-control", "--load-fixed-s", "0.05", "--decode-base-s", "0.02")
