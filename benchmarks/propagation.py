@@ -456,7 +456,7 @@ def main() -> None:
             "registry_tenants": args.registry_tenants,
             "feed": "postgres LISTEN/NOTIFY",
             "snapshot_verify_s": args.snapshot_verify_s,
-            "server_root": str(server_root),
+            "server_root": "the checkout" if server_root == ROOT.resolve() else server_root.name,
         },
         "result": result,
     }
