@@ -18,6 +18,7 @@ Unloads (eviction victims included) are ``router.unloader``'s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -232,6 +233,12 @@ class Loader:
         self._record(rep, version, "loading")
         await self._cluster.set_state(rep.url, name, "loading")
         res = await rep.driver.load(rep.url, name, path, self._settings.load_timeout_s)
+        if res.failure == "not_found":
+            # The staged copy went between staging and the load (another gateway process cleaned
+            # the shared directory in that moment): stage it again and try once more.
+            with contextlib.suppress(StagingError):
+                path = await stager.stage(rep.url, rep.host, version)
+                res = await rep.driver.load(rep.url, name, path, self._settings.load_timeout_s)
         if not (res.ok or res.failure == "conflict"):
             failure = res.failure or "other"
             if failure == "replica_down":

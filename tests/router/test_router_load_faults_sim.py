@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import resource
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,3 +95,27 @@ async def test_staging_write_failure_is_a_staging_error_and_leaves_nothing(artif
     assert list(root.iterdir()) == []  # no temporary directory, no staged copy
     path = Path(await stager.stage("http://replica", "replica", v))  # room again: it stages
     assert path == root / v.lora_name and sorted(p.name for p in path.iterdir()) == [f.name for f in v.files]
+
+
+async def test_a_staged_copy_that_vanishes_before_the_load_is_staged_again(
+    sims: list[Sim], make_router: RouterFactory, artifacts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another gateway process may clean the shared staging directory between this process's
+    staging and its load (the soak's one `not_found`): the loader stages again and loads."""
+    v = put_version(artifacts, tmp_path, "vanishing", seed=43)
+    real_stage = LocalStager.stage
+    staged: list[str] = []
+
+    async def stage(self: LocalStager, replica_url: str, host: str, version: Any) -> str:
+        path = await real_stage(self, replica_url, host, version)
+        staged.append(path)
+        if len(staged) == 1:
+            shutil.rmtree(path)  # the other process's cleanup, in that moment
+        return path
+
+    monkeypatch.setattr(LocalStager, "stage", stage)
+    router = await make_router([sims[0].url])
+    router.update_snapshot(snapshot_of(v))
+    res = await router.forward(chat(v))
+    assert res.status == 200
+    assert len(staged) == 2 and v.lora_name in sims[0].loaded()
