@@ -136,6 +136,8 @@ class Response:
 
     async def read(self) -> bytes:
         conn = self._conn
+        conn.whole = True  # no pausing: the whole answer is wanted at once
+        conn.resume()
         while not conn.complete:
             await conn.wait()
         chunks = conn.chunks
@@ -179,6 +181,7 @@ class _Conn(asyncio.Protocol):
         self.chunks: list[bytes] = []
         self.buffered = 0
         self.paused = False
+        self.whole = False  # read() is collecting the whole answer (never pause then)
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.give_back = False  # released before the end of the answer
@@ -203,7 +206,7 @@ class _Conn(asyncio.Protocol):
             self._fail(Disconnected(f"malformed answer from the replica: {e}"))
             self.abort()
             return
-        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
+        if self.buffered > HIGH_WATER and not self.paused and not self.whole and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
 
@@ -252,7 +255,7 @@ class _Conn(asyncio.Protocol):
     def start(self, request: bytes, total_s: float | None, read_s: float | None) -> None:
         self.busy = True
         self.headers = _Headers()
-        self.head_done = self.complete = self.give_back = self.paused = self.until_eof = False
+        self.head_done = self.complete = self.give_back = self.paused = self.until_eof = self.whole = False
         self.chunks = []
         self.buffered = 0
         self.error = None

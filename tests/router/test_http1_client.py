@@ -106,6 +106,40 @@ def test_keep_alive_reuses_one_connection_and_sends_the_head_once(run: Runner) -
 
 
 @pytest.mark.parametrize("run", RUNNERS)
+def test_answers_larger_than_the_read_buffer_arrive_whole_read_or_streamed(run: Runner) -> None:
+    big = b"x" * (3 << 20)  # three times the level at which reading a stream pauses
+
+    async def main() -> None:
+        box: list[Server] = []
+
+        async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            for _ in range(2):
+                await box[0].read_request(r)
+                w.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%b" % (len(big), big))
+                await w.drain()
+            await r.read()
+
+        async with Server(handler) as srv:
+            box.append(srv)
+            client = Http1Client()
+            resp = await client.post(srv.url, "/x", b"{}", "w", total_s=10)
+            await asyncio.sleep(0.2)  # the answer arrives while nobody reads yet
+            assert await resp.read() == big
+            resp.release()
+            resp = await client.post(srv.url, "/x", b"{}", "s", read_s=10)
+            got = bytearray()
+            async for chunk in resp.content.iter_any():
+                got += chunk
+                await asyncio.sleep(0.001)  # a slow reader
+            assert bytes(got) == big
+            resp.release()
+            assert srv.connections == 1
+            await client.aclose()
+
+    run(main())
+
+
+@pytest.mark.parametrize("run", RUNNERS)
 def test_over_the_cap_a_request_waits_for_a_free_connection(run: Runner) -> None:
     async def main() -> None:
         box: list[Server] = []
