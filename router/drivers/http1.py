@@ -459,7 +459,8 @@ class Http1Client:
 
     @staticmethod
     def handles(url: str) -> bool:
-        return url.startswith("http://")
+        """Plain ``http://`` without credentials in the URL (aiohttp turns those into basic auth)."""
+        return url.startswith("http://") and "@" not in url.split("/", 3)[2]
 
     def _pool(self, url: str) -> tuple[_HostPool, _Target]:
         loop = asyncio.get_running_loop()

@@ -164,7 +164,7 @@ class VllmDriver:
     async def send(
         self, url: str, endpoint: str, body: bytes, request_id: str, *, stream: bool
     ) -> UpstreamResponse:
-        if url.startswith("http://"):
+        if Http1Client.handles(url):
             return await self._send_http1(url, endpoint, body, request_id, stream=stream)
         headers = {**self._json, "X-Request-Id": request_id}
         try:

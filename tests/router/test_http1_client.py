@@ -362,3 +362,10 @@ def test_header_values_with_line_breaks_are_refused() -> None:
             await Http1Client().post("http://127.0.0.1:9", "/x", b"{}", "id\r\nX-Evil: 1", total_s=1)
 
     asyncio.run(main())
+
+
+def test_only_plain_http_urls_without_credentials_take_the_lean_client() -> None:
+    assert Http1Client.handles("http://10.0.0.7:8000")
+    assert Http1Client.handles("http://replica-0.vllm:8000/prefix")
+    assert not Http1Client.handles("https://10.0.0.7:8000")
+    assert not Http1Client.handles("http://user:secret@10.0.0.7:8000")
