@@ -143,9 +143,10 @@ async def test_load_failure_fails_over_to_another_replica(
     sims: list[Sim], make_router: RouterFactory, artifacts, audit: MemoryAuditSink, tmp_path: Path
 ) -> None:
     v = put_version(artifacts, tmp_path, "flaky", seed=50)
-    # both replicas fail their next load with 404 (not found): the router tries one, then the other
-    sims[0].faults(fail_loads=1, fail_load_status=404)
-    sims[1].faults(fail_loads=1, fail_load_status=404)
+    # both replicas fail their next loads with 404 (not found; the staged copy is tried twice): the
+    # router tries one, then the other
+    sims[0].faults(fail_loads=2, fail_load_status=404)
+    sims[1].faults(fail_loads=2, fail_load_status=404)
     router = await make_router([sims[0].url, sims[1].url])
     router.update_snapshot(snapshot_of(v))
     with pytest.raises(AdapterLoadFailed):
@@ -154,7 +155,7 @@ async def test_load_failure_fails_over_to_another_replica(
     assert {e["details"]["replica"] for e in failed} == {sims[0].url, sims[1].url}
     assert all(e["details"]["reason"] == "not_found" for e in failed)
     # now only one replica fails: the request succeeds on the other one
-    sims[0].faults(fail_loads=1, fail_load_status=404)
+    sims[0].faults(fail_loads=2, fail_load_status=404)
     res = await router.forward(chat(v))
     assert res.status == 200
     assert v.lora_name in {*sims[0].loaded(), *sims[1].loaded()}

@@ -54,7 +54,7 @@ async def test_router_metrics_count_what_happened(
     )
     assert b.lora_name not in sims[0].loaded() and a.lora_name in sims[0].loaded()
     # a failed load is counted by its result, and waits for it are observed too
-    sims[0].faults(fail_loads=1, fail_load_status=404)
+    sims[0].faults(fail_loads=2, fail_load_status=404)
     with pytest.raises(AdapterLoadFailed):
         await router.forward(chat(b))
     assert (
