@@ -1,8 +1,9 @@
 """Cluster-wide replica state shared by gateway processes (SPEC §17); see ``router.cluster.base``."""
 
 from router.cluster.base import OCCUPYING, Claim, ClusterState, LoadCaps, ReplicaShare, SharedRecord
+from router.cluster.liveness import new_pid
 from router.cluster.memory import MemoryCluster
-from router.cluster.redis_state import RedisCluster, new_pid
+from router.cluster.redis_state import RedisCluster
 
 __all__ = [
     "OCCUPYING",

@@ -1,43 +1,35 @@
 """``RedisCluster``: the cluster state of ``router.cluster.base`` shared through Redis.
 
-Every read-modify-write is one Lua script (``router.cluster.lua``). The hot path pays a round
-trip only when this process starts using an adapter on a replica (its first in-flight request
-there, or the first after the mark's linger ran out); marks are released in batches after
-``linger_s`` and re-asserted on every heartbeat (so a restarted, empty Redis learns them again).
+Every read-modify-write is one Lua script (``router.cluster.lua``; key names in
+``router.cluster.keys``). The hot path pays a round trip only when this process starts using an
+adapter on a replica (its first in-flight request there, or the first after the mark's linger ran
+out): see ``router.cluster.marks``.
 
 Redis unreachable: every operation falls back to an in-process ``MemoryCluster`` (each process
 decides alone: singleflight within the process only), logged once per transition; the heartbeat
-keeps trying and the shared state is used again as soon as Redis answers (SPEC §18).
+keeps trying and the shared state is used again as soon as Redis answers (SPEC §18; see
+``router.cluster.liveness``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from kit.aio import cancel_all
 from router.cluster import lua
 from router.cluster.base import Claim, LoadCaps, ReplicaShare, SharedRecord
-from router.cluster.marks import MarkBook
+from router.cluster.keys import Keys
+from router.cluster.liveness import REDIS_ERRORS, Liveness, new_pid
+from router.cluster.marks import RedisMarks
 from router.cluster.memory import GONE_TTL_S, NO_CAPS, MemoryCluster
 from router.placement.types import ResidencyState
-
-log = logging.getLogger("loraplane.router.cluster")
-
-
-def new_pid() -> str:
-    return f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def parse_record(raw: bytes | str) -> SharedRecord | None:
@@ -62,6 +54,9 @@ def _s(v: Any) -> str:
 
 
 class RedisCluster:
+    """``ClusterState`` through Redis: the residency records here; the process and chore leases
+    and the down/recovered state in ``Liveness``, the in-flight marks in ``RedisMarks``."""
+
     def __init__(
         self,
         redis: aioredis.Redis,
@@ -74,143 +69,58 @@ class RedisCluster:
     ) -> None:
         self.pid = pid or new_pid()
         self._redis = redis
-        self._p = prefix
-        self._lease_ms = int(lease_s * 1000)
-        self._linger_s = linger_s
+        self._keys = keys = Keys(prefix)
         self._wall = wall
-        self._down = False
+        self._live = Liveness(redis, keys, self.pid, lease_s=lease_s)
         counts: dict[tuple[str, str], int] = {}  # this process's in-flight per (url, lora)
         self._local = MemoryCluster(self.pid, wall=wall, counts=counts)
-        self._marks_book = MarkBook(counts)
+        self._marks = RedisMarks(redis, keys, self._live, counts, linger_s=linger_s, wall=wall)
         self._tasks: list[asyncio.Task[None]] = []
-        r = redis
-        self._mark = r.register_script(lua.MARK)
-        self._unmark = r.register_script(lua.UNMARK)
-        self._claim = r.register_script(lua.CLAIM)
-        self._begin_unload = r.register_script(lua.BEGIN_UNLOAD)
-        self._sync = r.register_script(lua.SYNC)
-        self._heartbeat = r.register_script(lua.HEARTBEAT)
-        self._lead = r.register_script(lua.LEAD)
-        self._resign = r.register_script(lua.RESIGN)
-        self._leading: set[str] = set()
+        self._claim = redis.register_script(lua.CLAIM)
+        self._begin_unload = redis.register_script(lua.BEGIN_UNLOAD)
+        self._sync = redis.register_script(lua.SYNC)
         self._pool_of: dict[tuple[str, str], str] = {}  # loads of ours counted in a pool's cap
-
-    # ------------------------------------------------------------------ keys
-
-    def _res(self, url: str) -> str:
-        return f"{self._p}cl:res:{url}"
-
-    def _marks(self, url: str) -> str:
-        return f"{self._p}cl:mark:{url}"
-
-    def _gone(self, url: str) -> str:
-        return f"{self._p}cl:gone:{url}"
-
-    @property
-    def _procs(self) -> str:
-        return f"{self._p}cl:procs"
-
-    # ------------------------------------------------------------------ health of the shared store
 
     @property
     def shared(self) -> bool:
-        return not self._down
-
-    def _failed(self, exc: Exception) -> None:
-        if not self._down:
-            self._down = True
-            log.error(
-                "redis unreachable: cluster state is per process until it is back "
-                "(loads are singleflight within this process only)",
-                extra={"error": str(exc)},
-            )
-
-    def _recovered(self) -> None:
-        if self._down:
-            self._down = False
-            log.warning("redis reachable again: cluster state shared again")
+        return not self._live.down
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        await self._beat()
-        self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="cluster-heartbeat"))
-        self._tasks.append(asyncio.create_task(self._flush_loop(), name="cluster-unmark"))
+        await self._live.beat(self._marks.reassert)
+        self._tasks.append(
+            asyncio.create_task(self._live.heartbeat_loop(self._marks.reassert), name="cluster-heartbeat")
+        )
+        self._tasks.append(asyncio.create_task(self._marks.flush_loop(), name="cluster-unmark"))
 
     async def stop(self) -> None:
         await cancel_all(self._tasks)
         self._tasks.clear()
-        with contextlib.suppress(RedisError, OSError):  # a goodbye: our marks and leases go at once
+        with contextlib.suppress(*REDIS_ERRORS):  # a goodbye: our marks and leases go at once
             async with self._redis.pipeline(transaction=False) as pipe:
-                for (url, lora), _ in self._marks_book.live():
-                    pipe.hdel(self._marks(url), f"{lora}|{self.pid}")
-                pipe.zrem(self._procs, self.pid)
+                self._marks.goodbye(pipe)
+                self._live.goodbye(pipe)
                 await pipe.execute()
-            for name in list(self._leading):
-                await self._resign(keys=[f"{self._p}cl:lead:{name}"], args=[self.pid])
-        self._marks_book.clear()
+            await self._live.resign_all()
+        self._marks.clear()
 
-    async def _beat(self) -> None:
-        try:
-            await self._heartbeat(keys=[self._procs], args=[self.pid, self._lease_ms])
-            live = list(self._marks_book.live())
-            if live:  # re-assert (Redis may have restarted empty)
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    for (url, lora), token in live:
-                        pipe.hset(self._marks(url), f"{lora}|{self.pid}", token)
-                    await pipe.execute()
-        except (RedisError, OSError) as exc:
-            self._failed(exc)
-            return
-        self._recovered()
+    # ------------------------------------------------------------------ marks, chores
 
-    async def _heartbeat_loop(self) -> None:
-        period = max(self._lease_ms / 3000.0, 0.05)
-        while True:
-            await asyncio.sleep(period if not self._down else min(period, 1.0))
-            await self._beat()
+    async def mark(self, url: str, lora_name: str) -> bool:
+        if self._live.down:
+            return await self._local.mark(url, lora_name)
+        return await self._marks.mark(url, lora_name)
 
-    async def _flush_loop(self) -> None:
-        while True:
-            await asyncio.sleep(max(self._linger_s / 2, 0.05))
-            await self.flush_marks()
+    def unmark(self, url: str, lora_name: str) -> None:
+        self._marks.unmark(url, lora_name)
 
     async def flush_marks(self, *, force: bool = False) -> None:
         """Release the marks whose adapter has had nothing in flight here for ``linger_s``."""
-        by_url = self._marks_book.due(self._wall(), self._linger_s, force=force)
-        if not by_url or self._down:
-            return
-        try:
-            for url, pairs in by_url.items():
-                args = [f"{v}|{self.pid}" if i % 2 == 0 else v for i, v in enumerate(pairs)]
-                await self._unmark(keys=[self._marks(url)], args=args)
-        except (RedisError, OSError) as exc:
-            self._failed(exc)
+        await self._marks.flush(force=force)
 
-    # ------------------------------------------------------------------ marks
-
-    async def mark(self, url: str, lora_name: str) -> bool:
-        if self._down:
-            return await self._local.mark(url, lora_name)
-        key = (url, lora_name)
-        token = self._marks_book.take(key)
-        if token is None:
-            return True  # our mark is live: nobody can have started unloading it since
-        try:
-            ok = await self._mark(
-                keys=[self._res(url), self._marks(url), self._procs], args=[lora_name, self.pid, token]
-            )
-        except (RedisError, OSError) as exc:
-            self._failed(exc)
-            return True
-        if not ok:
-            self._marks_book.give(key, self._wall())
-            return False
-        self._marks_book.written(key, token)
-        return True
-
-    def unmark(self, url: str, lora_name: str) -> None:
-        self._marks_book.give((url, lora_name), self._wall())
+    async def lead(self, name: str) -> bool:
+        return await self._live.lead(name)
 
     # ------------------------------------------------------------------ residency
 
@@ -223,16 +133,17 @@ class RedisCluster:
         since: float,
         caps: LoadCaps = NO_CAPS,
     ) -> Claim:
-        if self._down:
+        if self._live.down:
             return await self._local.claim(url, lora_name, max_adapters, candidates, since, caps)
         member = f"{url}|{lora_name}"
         args: list[Any] = [lora_name, max_adapters, self.pid, self._wall(), since]
-        args += [caps.per_replica, caps.per_pool, 2 * self._lease_ms, member, len(candidates), *candidates]
-        keys = [self._res(url), self._marks(url), self._procs, self._pool_key(caps.pool)]
+        args += [caps.per_replica, caps.per_pool, 2 * self._live.lease_ms, member]
+        args += [len(candidates), *candidates]
+        keys = [*self._keys.checked(url), self._keys.loads(caps.pool)]
         try:
             out = await self._claim(keys=keys, args=args)
-        except (RedisError, OSError) as exc:
-            self._failed(exc)
+        except REDIS_ERRORS as exc:
+            self._live.failed(exc)
             return await self._local.claim(url, lora_name, max_adapters, candidates, since, caps)
         kind = _s(out[0])
         if kind in ("present", "failed"):
@@ -245,14 +156,11 @@ class RedisCluster:
             self._pool_of[(url, lora_name)] = caps.pool
         return Claim("reserved", evict=tuple(_s(v) for v in out[1:]))
 
-    def _pool_key(self, pool: str) -> str:
-        return f"{self._p}cl:loads:{pool}"
-
     async def _load_over(self, url: str, lora_name: str) -> None:
         """The load of (url, lora_name) ended: it no longer counts against its pool's cap."""
         pool = self._pool_of.pop((url, lora_name), None)
         if pool is not None:
-            await self._write(lambda: self._redis.zrem(self._pool_key(pool), f"{url}|{lora_name}"))
+            await self._write(lambda: self._redis.zrem(self._keys.loads(pool), f"{url}|{lora_name}"))
 
     async def set_state(
         self,
@@ -270,7 +178,7 @@ class RedisCluster:
         rec: dict[str, Any] = {"state": state, "pid": self.pid, "ts": self._wall()}
         if state == "failed":
             rec.update(failure=failure, retry_elsewhere=retry_elsewhere, reason=reason[:200])
-        await self._write(lambda: self._redis.hset(self._res(url), lora_name, orjson.dumps(rec)))
+        await self._write(lambda: self._redis.hset(self._keys.res(url), lora_name, orjson.dumps(rec)))
         if state not in ("staging", "loading"):
             await self._load_over(url, lora_name)
 
@@ -282,40 +190,39 @@ class RedisCluster:
     async def _drop(self, url: str, lora_name: str) -> None:
         """Delete the record and leave a tombstone (see ``lua.SYNC``) for ``GONE_TTL_S``."""
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hdel(self._res(url), lora_name)
-            pipe.hset(self._gone(url), lora_name, self._wall())
-            pipe.expire(self._gone(url), int(GONE_TTL_S))
+            pipe.hdel(self._keys.res(url), lora_name)
+            pipe.hset(self._keys.gone(url), lora_name, self._wall())
+            pipe.expire(self._keys.gone(url), int(GONE_TTL_S))
             await pipe.execute()
 
     async def _write(self, op: Callable[[], Any]) -> None:
-        if self._down:
+        if self._live.down:
             return
         try:
             await op()
-        except (RedisError, OSError) as exc:
-            self._failed(exc)
+        except REDIS_ERRORS as exc:
+            self._live.failed(exc)
 
     async def record(self, url: str, lora_name: str) -> SharedRecord | None:
-        if self._down:
+        if self._live.down:
             return await self._local.record(url, lora_name)
         try:
-            raw = await self._redis.hget(self._res(url), lora_name)
-        except (RedisError, OSError) as exc:
-            self._failed(exc)
+            raw = await self._redis.hget(self._keys.res(url), lora_name)
+        except REDIS_ERRORS as exc:
+            self._live.failed(exc)
             return await self._local.record(url, lora_name)
         return parse_record(raw) if raw else None
 
     async def begin_unload(self, url: str, lora_name: str) -> bool:
-        if self._marks_book.counts.get((url, lora_name), 0) > 0:
+        if self._marks.in_flight(url, lora_name) > 0:
             return False
-        if self._down:
+        if self._live.down:
             return await self._local.begin_unload(url, lora_name)
         try:
-            ok = await self._begin_unload(
-                keys=[self._res(url), self._marks(url), self._procs], args=[lora_name, self.pid, self._wall()]
-            )
-        except (RedisError, OSError) as exc:
-            self._failed(exc)
+            args: list[Any] = [lora_name, self.pid, self._wall()]
+            ok = await self._begin_unload(keys=self._keys.checked(url), args=args)
+        except REDIS_ERRORS as exc:
+            self._live.failed(exc)
             return await self._local.begin_unload(url, lora_name)
         if ok:
             await self._local.set_state(url, lora_name, "unloading")
@@ -330,27 +237,27 @@ class RedisCluster:
     async def sync_models(self, url: str, listed: Iterable[str], asked_at: float) -> None:
         names = list(listed)
         await self._local.sync_models(url, names, asked_at)
-        if self._down:
+        if self._live.down:
             return
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(*REDIS_ERRORS):
             await self._sync(
-                keys=[self._res(url), self._procs, self._gone(url)],
+                keys=[self._keys.res(url), self._keys.procs, self._keys.gone(url)],
                 args=[self.pid, self._wall(), asked_at, len(names), *names],
             )
 
     async def read(self, urls: Sequence[str]) -> dict[str, ReplicaShare] | None:
         """Every replica's records and the live marks of other processes, in one round trip."""
-        if self._down or not urls:
+        if self._live.down or not urls:
             return None
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.zrangebyscore(self._procs, int(self._wall() * 1000), "+inf")
+                pipe.zrangebyscore(self._keys.procs, int(self._wall() * 1000), "+inf")
                 for url in urls:
-                    pipe.hgetall(self._res(url))
-                    pipe.hgetall(self._marks(url))
+                    pipe.hgetall(self._keys.res(url))
+                    pipe.hgetall(self._keys.marks(url))
                 out = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            self._failed(exc)
+        except REDIS_ERRORS as exc:
+            self._live.failed(exc)
             return None
         live = {_s(p) for p in out[0]}
         shares: dict[str, ReplicaShare] = {}
@@ -367,17 +274,3 @@ class RedisCluster:
                     remote[lora] = remote.get(lora, 0) + 1
             shares[url] = ReplicaShare(recs, remote)
         return shares
-
-    async def lead(self, name: str) -> bool:
-        if self._down:
-            return True  # alone: do the chore here (SPEC §18: recover without a restart)
-        try:
-            got = bool(await self._lead(keys=[f"{self._p}cl:lead:{name}"], args=[self.pid, self._lease_ms]))
-        except (RedisError, OSError) as exc:
-            self._failed(exc)
-            return True
-        if got:
-            self._leading.add(name)
-        else:
-            self._leading.discard(name)
-        return got

@@ -165,21 +165,24 @@ async def test_one_leader_per_chore_until_it_stops(procs: Factory) -> None:
 async def test_redis_down_falls_back_to_local_rules_and_recovers(
     redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
-    broken = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
-    c = RedisCluster(broken, redis_prefix, pid="gw-x")
+    dead = aioredis.ConnectionPool(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    client = aioredis.Redis(connection_pool=dead)
+    c = RedisCluster(client, redis_prefix, lease_s=0.3, pid="gw-x")  # heartbeat every 0.1 s
     await c.start()
     try:
         assert not c.shared
         assert (await c.claim(URL, "a@v1-00000001", 1, (), 0.0)).outcome == "reserved"
         assert (await c.claim(URL, "a@v1-00000001", 1, (), 0.0)).outcome == "present"
         assert await c.lead("hot")
-        c._redis = redis_client  # Redis is back
-        c._heartbeat = redis_client.register_script(c._heartbeat.script)
-        await c._beat()
+        client.connection_pool = redis_client.connection_pool  # Redis is back
+        for _ in range(50):  # the heartbeat notices by itself
+            if c.shared:
+                break
+            await asyncio.sleep(0.05)
         assert c.shared
     finally:
         await c.stop()
-        await broken.aclose()
+        await dead.disconnect()
 
 
 async def test_load_caps_per_replica_and_per_pool(one: MemoryCluster | RedisCluster) -> None:
