@@ -7,6 +7,7 @@
 | ``<p>cl:procs`` | sorted set pid → lease expiry (ms, Redis time) | live gateway processes |
 | ``<p>cl:lead:<chore>`` | string pid, PX lease | the process running a cluster-wide chore |
 | ``<p>cl:loads:<pool>`` | sorted set ``<replica>|<lora_name>`` → expiry (ms) | loads in flight in a pool |
+| ``<p>cl:gone:<replica>`` | hash lora_name → wall time (s), expires | recent unloads (tombstones) |
 
 A record in ``staging`` or ``unloading`` written by a process whose lease expired is
 abandoned: ``staging`` never reached the engine (dropped); ``loading`` and ``unloading`` may
