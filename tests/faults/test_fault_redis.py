@@ -74,15 +74,20 @@ def log_text(p: Platform, i: int) -> str:
 def assert_one_outage_logged(p: Platform) -> None:
     """Each gateway logged the outage once each way, for its limiter and its cluster state (loads
     singleflight within the process meanwhile): no flapping on stale connections after it."""
+    lines = (
+        "rate-limit store unreachable; applying ratelimit_on_error",
+        "rate-limit store reachable again",
+        "redis unreachable: cluster state is per process until it is back "
+        "(loads are singleflight within this process only)",
+        "redis reachable again: cluster state shared again",
+    )
     for i in (1, 2):
+        # the cluster state rejoins at its next heartbeat (slower than requests on a loaded machine)
+        wait_until(
+            lambda i=i: all(ln in log_text(p, i) for ln in lines), 15, f"gateway {i} logged the recovery"
+        )
         text = log_text(p, i)
-        for line in (
-            "rate-limit store unreachable; applying ratelimit_on_error",
-            "rate-limit store reachable again",
-            "redis unreachable: cluster state is per process until it is back "
-            "(loads are singleflight within this process only)",
-            "redis reachable again: cluster state shared again",
-        ):
+        for line in lines:
             assert text.count(line) == 1, (line, text[-3000:])
 
 
