@@ -82,10 +82,12 @@ def assert_one_outage_logged(p: Platform) -> None:
         "redis reachable again: cluster state shared again",
     )
     for i in (1, 2):
+
+        def logged(i: int = i) -> bool:
+            return all(ln in log_text(p, i) for ln in lines)
+
         # the cluster state rejoins at its next heartbeat (slower than requests on a loaded machine)
-        wait_until(
-            lambda i=i: all(ln in log_text(p, i) for ln in lines), 15, f"gateway {i} logged the recovery"
-        )
+        wait_until(logged, 15, f"gateway {i} logged the recovery")
         text = log_text(p, i)
         for line in lines:
             assert text.count(line) == 1, (line, text[-3000:])
