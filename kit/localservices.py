@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.procs import ManagedProcess, http_ready, ready_when
+from kit.procs import ManagedProcess, ProcessStartError, http_ready, ready_when
 from kit.procs import free_port as free_port
 
 OWN_SERVICES_ENV = "LORAPLANE_TEST_OWN_SERVICES"
@@ -320,10 +320,37 @@ def start_s3_server(timeout: float = 30.0) -> S3Server:
             process=None,
             workdir=None,
         )
+    for attempt in range(3):
+        try:
+            return _start_weed(timeout)
+        except ProcessStartError as exc:  # a port taken meanwhile, or clashing with weed's rules
+            clash = "Port allocation failed" in str(exc) or "address already in use" in str(exc)
+            if not clash or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _weed_ports() -> tuple[dict[str, int], dict[str, int]]:
+    """Free ports for each weed service and its gRPC, none 10,000 from another: weed reserves
+    ``port + 10000`` for a service's gRPC and refuses a port another service's rule claims."""
+    taken: set[int] = set()
+    out: list[int] = []
+    while len(out) < 9:
+        p = free_port()
+        if p in taken or p + 10000 in taken or p - 10000 in taken:
+            continue
+        taken.add(p)
+        out.append(p)
+    names = ("master", "volume", "filer", "admin")
+    ports = {"s3": out[0], **{k: out[1 + i] for i, k in enumerate(names)}}
+    grpc = {k: out[5 + i] for i, k in enumerate(names)}
+    return ports, grpc
+
+
+def _start_weed(timeout: float) -> S3Server:
     access, secret = "lpadmin", "lpsecret-" + uuid.uuid4().hex[:12]
     workdir = Path(tempfile.mkdtemp(prefix="lp-weed-"))
-    ports = {k: free_port() for k in ("s3", "master", "volume", "filer", "admin")}
-    grpc = {k: free_port() for k in ("master", "volume", "filer", "admin")}
+    ports, grpc = _weed_ports()
     cmd = [
         _weed_binary(), "mini",
         "-master.telemetry=false",
