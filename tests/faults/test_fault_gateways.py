@@ -207,18 +207,25 @@ def test_gateway_sigterm_under_traffic_drains_and_exits_0(plat: tuple[Platform, 
     traffic = Traffic(p.gateway_urls, key, models, workers=8, bound_s=BOUND_S, max_tokens=30)
     with traffic:
         time.sleep(3.0)
+        # a long stream keeps A draining for ~5 s, so traffic moves to B before A exits (a request
+        # sent to a gateway that has exited is refused: a load balancer would have dropped it)
+        held = Stream(a, key, models[0], max_tokens=100)
+        assert held.started.wait(20) and held.status == 200, (held.status, held.error)
         t_term = time.monotonic()
         gateway_a.signal(signal.SIGTERM)
         time.sleep(0.3)
         ready = httpx.get(f"{a}/readyz", timeout=5)
-        time.sleep(0.7)
+        time.sleep(2.5)  # A refuses new requests while the held stream goes on
         traffic.use([b])  # before A can exit: a connection refused by a gateway gone is not counted
         t_switch = time.monotonic()
         rc = gateway_a.wait(DRAIN_S + 10)
         t_exit = time.monotonic()
         time.sleep(4.0)
     report = traffic.stop()
+    held.join(30)
     print(f"A exited {t_exit - t_term:.2f}s after SIGTERM with {rc}; {report!r}")
+    assert held.text.rstrip().endswith("data: [DONE]") and held.error is None and '"error"' not in held.text
+    assert t_exit > t_switch
     assert ready.status_code == 503 and ready.json()["draining"] is True, ready.text
     report.assert_accounted({"draining"}, min_sent=30)
     on_a = report.where(gateway=a)
