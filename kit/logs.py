@@ -57,5 +57,6 @@ def setup_logging(level: str = "INFO", json_logs: bool = True) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
     root.setLevel(level.upper())
-    for noisy in ("botocore", "boto3", "s3transfer", "urllib3", "httpx", "httpcore", "uvicorn.access"):
+    noisy_loggers = ("botocore", "boto3", "s3transfer", "urllib3", "httpx", "httpcore", "uvicorn.access")
+    for noisy in (*noisy_loggers, "alembic.runtime.plugins"):  # alembic: a line per plugin at start
         logging.getLogger(noisy).setLevel(logging.WARNING)
