@@ -324,15 +324,16 @@ class GatewayApp:
         gone: list[bool] = []  # the client disconnected while waiting for a cold load
         try:
             with gw.cold.enter(res.version, tenant) as cold:
-                if not cold:
+                # a client that gives up frees its cold-waiter place at once (SPEC §15)
+                watcher = (
+                    asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, task, gone))
+                    if cold
+                    else None
+                )
+                try:
                     result = await gw.router.forward(fwd)
-                else:  # a client that gives up frees its cold-waiter place at once (SPEC §15)
-                    watcher = asyncio.get_running_loop().create_task(
-                        _cancel_on_disconnect(receive, task, gone)
-                    )
-                    try:
-                        result = await gw.router.forward(fwd)
-                    finally:
+                finally:
+                    if watcher is not None:
                         watcher.cancel()
         except RouterError as e:
             raise GatewayError(e.status, e.code, e.message, retry_after=e.retry_after) from None

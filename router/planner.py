@@ -109,7 +109,7 @@ class Planner:
                             other.put(slot, None)
                 ix = indexes.get(rep.pool.base_model) if rep is not None else None
                 if rep is not None and ix is not None:
-                    ix.put(rep.seq, rep._view or rep.view())
+                    ix.put(rep.seq, rep.view())
         ix = indexes.get(base_model)
         if ix is None or not ix.valid():
             ix = indexes[base_model] = PlacementIndex(profile)
