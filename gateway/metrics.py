@@ -4,11 +4,18 @@
 process must not collide); ``/metrics`` renders it together with the default registry (where
 the router records loads, placements and replica health). ``snapshot_age`` (the routing table's
 ``age_s``) becomes ``loraplane_snapshot_age_seconds``, read at scrape time.
+
+Label sets are bounded per adapter version (``gateway.metrics_sweep``): every labelled child of
+the request families is created through ``series()`` / ``count()`` and cached there, each cache
+entry with a ``used`` flag the hot path sets (one attribute store); ``take_touched()`` reads and
+clears the flags, ``drop_versions()`` removes a version's label sets from the families and the
+caches (a later request re-creates them, starting from zero).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +35,19 @@ class Series:
     itl: Any
     prompt_tokens: Any
     completion_tokens: Any
+    used: bool = True  # set on every use, cleared by each sweep (``take_touched``)
+
+
+@dataclass(slots=True)
+class _Count:
+    """The requests child (and errors child, or None) of one answer kind, cached."""
+
+    req: Any
+    err: Any
+    used: bool = True
+
+
+Version = tuple[str, str]  # (adapter id, version); ("", "") for the bare base model / no model
 
 
 class GatewayMetrics:
@@ -92,12 +112,14 @@ class GatewayMetrics:
             self.snapshot_age.set_function(snapshot_age)
 
         self._series: dict[tuple[str, str, str], Series] = {}
-        self._counts: dict[tuple[str, str, str, str, int, str], tuple[Any, Any]] = {}
+        self._counts: dict[tuple[str, str, str, str, int, str], _Count] = {}
 
     def series(self, tenant: str, adapter: str, version: str) -> Series:
         key = (tenant, adapter, version)
         s = self._series.get(key)
-        if s is None:
+        if s is not None:
+            s.used = True
+        else:
             s = Series(
                 self.latency.labels(*key),
                 self.queue.labels(*key),
@@ -113,13 +135,54 @@ class GatewayMetrics:
         """One answer: requests{code} (+ errors{error})."""
         key = (tenant, adapter, version, endpoint, status, error)
         c = self._counts.get(key)
-        if c is None:
+        if c is not None:
+            c.used = True
+        else:
             req = self.requests.labels(tenant, adapter, version, endpoint, str(status))
             err = self.errors.labels(tenant, adapter, version, error) if error else None
-            c = self._counts[key] = (req, err)
-        c[0].inc()
-        if c[1] is not None:
-            c[1].inc()
+            c = self._counts[key] = _Count(req, err)
+        c.req.inc()
+        if c.err is not None:
+            c.err.inc()
+
+    # ------------------------------------------------------------------ retention (not per request)
+
+    def take_touched(self) -> tuple[set[Version], set[Version]]:
+        """(every version with label sets here, those used since the last call); clears the flags."""
+        present: set[Version] = set()
+        touched: set[Version] = set()
+        for entries in (self._counts, self._series):
+            for key, entry in entries.items():
+                v = (key[1], key[2])
+                present.add(v)
+                if entry.used:
+                    entry.used = False
+                    touched.add(v)
+        return present, touched
+
+    def drop_versions(self, versions: AbstractSet[Version]) -> int:
+        """Remove every label set of ``versions`` (all tenants, endpoints, codes) from the families
+        and the caches. Returns how many cache entries went."""
+        if not versions:
+            return 0
+        gone = 0
+        for ck in [k for k in self._counts if (k[1], k[2]) in versions]:
+            c = self._counts.pop(ck)
+            tenant, adapter, version, endpoint, status, error = ck
+            self.requests.remove(tenant, adapter, version, endpoint, str(status))
+            if c.err is not None:
+                self.errors.remove(tenant, adapter, version, error)
+            gone += 1
+        for sk in [k for k in self._series if (k[1], k[2]) in versions]:
+            del self._series[sk]
+            for family in (self.latency, self.queue, self.ttft, self.itl):
+                family.remove(*sk)
+            self.tokens.remove(*sk, "prompt")
+            self.tokens.remove(*sk, "completion")
+            gone += 1
+        for adapter, version in versions:
+            self.cold_wait.remove(adapter, version)  # created by the API per wait, not cached
+        return gone
 
     def tenant(self, tenant_id: str) -> str:
         return tenant_id if self.tenant_labels else ""

@@ -18,6 +18,7 @@ from gateway.auth import Authenticator
 from gateway.canary import CanaryRecorder, MemoryCanaryCounters
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
+from gateway.metrics_sweep import SeriesSweeper, sweeper_for
 from gateway.ratelimit import Limiter, MemoryLimiter
 from gateway.settings import GatewaySettings
 from gateway.table import RoutingTable
@@ -137,6 +138,7 @@ class Gateway:
         self.draining = False  # shutting down: /readyz fails so load balancers stop sending
         self.active = 0  # completion requests in flight (streams included)
         self._started = False
+        self.metrics_sweeper: SeriesSweeper | None = None  # bounds /metrics (gateway.metrics_sweep)
 
     async def start(self) -> None:
         if self._started:
@@ -145,12 +147,18 @@ class Gateway:
         if self.manage_router:
             await self.router.start()
         await self.table.start()
+        self.metrics_sweeper = sweeper_for(
+            self.metrics, self.router, lambda: self.table.snapshot, self.settings.metrics_series_ttl_s
+        )
+        self.metrics_sweeper.start()
 
     async def stop(self) -> None:
         if not self._started:
             return
         self._started = False
         self.draining = True
+        if self.metrics_sweeper is not None:
+            await self.metrics_sweeper.stop()
         await self.table.stop()
         if self.manage_router:
             await self.router.stop()

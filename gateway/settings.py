@@ -77,3 +77,11 @@ class GatewaySettings(LoraplaneSettings):
     metrics_tenant_labels: bool = Field(
         default=True, description="Label gateway metrics by tenant (turn off with very many tenants)."
     )
+    metrics_series_ttl_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="Metric label sets of an adapter version (the gateway's request metrics, the "
+        "router's loads, unloads, cold waits and fallbacks) are removed from /metrics once none of them "
+        "moved for this long (checked every minute); those of a version no longer in the routing table "
+        "are removed at the next check either way. 0 = never remove them for idleness.",
+    )

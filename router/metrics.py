@@ -1,10 +1,21 @@
-"""Prometheus metrics of the router (one set per CollectorRegistry; default: the global one)."""
+"""Prometheus metrics of the router (one set per CollectorRegistry; default: the global one).
+
+The families labelled by adapter version or replica are kept bounded by the gateway's sweep
+(``gateway.metrics_sweep``): ``take_touched()`` tells which versions' label sets moved since the
+last sweep (read from the children's values, so recording costs nothing extra),
+``drop_versions()`` and ``drop_replicas()`` remove label sets (``remove(*labels)``; the next
+``labels()`` call re-creates one from zero).
+"""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+from typing import Any, cast
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 _LOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -61,6 +72,73 @@ class RouterMetrics:
             ["replica"],
             registry=registry,
         )
+        # (family, index of its `adapter` label (`version` follows it), index of its `replica` label)
+        self._retained: tuple[tuple[MetricWrapperBase, int | None, int | None], ...] = (
+            (self.loads, 1, 0),
+            (self.load_seconds, 0, None),
+            (self.unloads, 1, 0),
+            (self.cold_wait, 0, None),
+            (self.fallbacks, 0, None),
+            (self.wrong_adapter, None, 0),
+        )
+        # per retained family: label values → its last reading (``take_touched``)
+        self._readings: list[dict[tuple[str, ...], float]] = [{} for _ in self._retained]
+
+    def take_touched(self) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+        """(every (adapter, version) with label sets here, those whose label sets moved since the
+        last call: a new one, or a value that changed)."""
+        present: set[tuple[str, str]] = set()
+        touched: set[tuple[str, str]] = set()
+        for i, (family, a, _r) in enumerate(self._retained):
+            if a is None:
+                continue
+            before = self._readings[i]
+            after: dict[tuple[str, ...], float] = {}
+            read = _histogram_reading if isinstance(family, Histogram) else _counter_reading
+            for labels, child in _children(family):
+                v = (labels[a], labels[a + 1])
+                present.add(v)
+                now = after[labels] = read(child)
+                if before.get(labels) != now:
+                    touched.add(v)
+            self._readings[i] = after
+        return present, touched
+
+    def drop_versions(self, versions: AbstractSet[tuple[str, str]]) -> int:
+        """Remove the label sets of ``versions`` (every replica, result, reason, kind)."""
+        return self._drop(lambda a, r, labels: a is not None and (labels[a], labels[a + 1]) in versions)
+
+    def drop_replicas(self, keep: AbstractSet[str]) -> int:
+        """Remove the label sets of replicas not in ``keep`` (they left the pool)."""
+        return self._drop(lambda a, r, labels: r is not None and labels[r] not in keep)
+
+    def _drop(self, doomed: Callable[[int | None, int | None, tuple[str, ...]], bool]) -> int:
+        n = 0
+        for i, (family, a, r) in enumerate(self._retained):
+            for labels, _child in _children(family):
+                if doomed(a, r, labels):
+                    family.remove(*labels)
+                    self._readings[i].pop(labels, None)
+                    n += 1
+        return n
+
+
+def _children(family: MetricWrapperBase) -> list[tuple[tuple[str, ...], Any]]:
+    """The labelled children of ``family`` (label values → child), copied under its lock.
+    prometheus_client keeps them in ``_metrics`` (keyed by tuples of str) and has no public
+    accessor but ``collect()``, which would build every sample (15 per histogram child) each sweep."""
+    with family._lock:
+        return list(cast("dict[tuple[str, ...], Any]", family._metrics).items())
+
+
+# A number that grows with every event of a child: a counter's value; for a histogram its sum plus
+# its first bucket's count (an observation of 0 lands there and leaves the sum as it was).
+def _counter_reading(child: Any) -> float:
+    return float(child._value.get())
+
+
+def _histogram_reading(child: Any) -> float:
+    return float(child._sum.get() + child._buckets[0].get())
 
 
 _lock = threading.Lock()
