@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -239,10 +240,14 @@ class GatewayApp:
         if ctx.canary:
             ctx.answer = body
         self._usage(ctx, result)
-        await self._settle(lease, self._total(ctx))
+        # The settlement reaches the limit store before the answer leaves (a client's next request,
+        # to any gateway, finds its slot free); its reply is awaited after the answer is sent.
+        rest = await self._begin_settle(lease, self._total(ctx))
         try:
             await send_bytes(send, result.status, body, out_headers, _content_type(result))
         finally:
+            if rest is not None:
+                await self._end_settle(rest)
             self._finish(ctx)
 
     def _snapshot(self) -> RoutingSnapshot:
@@ -352,13 +357,27 @@ class GatewayApp:
         return result
 
     async def _settle(self, lease: Lease | None, actual_tokens: int | None) -> None:
+        rest = await self._begin_settle(lease, actual_tokens)
+        if rest is not None:
+            await self._end_settle(rest)
+
+    async def _begin_settle(self, lease: Lease | None, actual_tokens: int | None) -> Awaitable[None] | None:
         if lease is None:
-            return
+            return None
         try:
-            await self.gw.limiter.settle(lease, actual_tokens)
+            return await self.gw.limiter.begin_settle(lease, actual_tokens)
         except LimiterUnavailable:
             self.gw.limiter_failed(True)
         except Exception:  # settlement must never break an answer
+            log.exception("rate-limit settlement failed")
+        return None
+
+    async def _end_settle(self, rest: Awaitable[None]) -> None:
+        try:
+            await rest
+        except LimiterUnavailable:
+            self.gw.limiter_failed(True)
+        except Exception:
             log.exception("rate-limit settlement failed")
 
     @staticmethod

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import uvicorn
 
+from gateway.coalesce import CoalescingHttpToolsProtocol
+
 GC_YOUNG_THRESHOLD = 10_000
 
 
@@ -53,7 +55,7 @@ def make_server(
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=CoalescingHttpToolsProtocol,  # httptools, one socket write per answer
         lifespan=lifespan,
         log_level=log_level.lower(),
         access_log=False,

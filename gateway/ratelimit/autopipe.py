@@ -26,6 +26,8 @@ import asyncio
 import contextlib
 import hashlib
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -73,13 +75,28 @@ def _pack_bytes(args: tuple[Arg, ...]) -> bytes:
     return b"".join(out)
 
 
-class _Call:
-    __slots__ = ("cmd", "fut", "t0")
+def _mark_sent(call: _Call) -> None:
+    sent = call.sent
+    if sent is not None and not sent.done():
+        sent.set_result(None)
 
-    def __init__(self, cmd: bytes, fut: asyncio.Future[Any], t0: float) -> None:
+
+def _mark_all_sent(calls: list[_Call]) -> None:
+    for call in calls:
+        if call.sent is not None:
+            _mark_sent(call)
+
+
+class _Call:
+    __slots__ = ("cmd", "fut", "sent", "t0")
+
+    def __init__(
+        self, cmd: bytes, fut: asyncio.Future[Any], t0: float, sent: asyncio.Future[None] | None = None
+    ) -> None:
         self.cmd = cmd
         self.fut = fut
         self.t0 = t0
+        self.sent = sent  # done once the command is written (or the call has failed)
 
 
 class AutoPipeline:
@@ -107,11 +124,24 @@ class AutoPipeline:
 
     def execute(self, *args: Arg) -> asyncio.Future[Any]:
         """Queue one command; the future gets its raw reply (bytes undecoded) or its error."""
+        return self._queue_call(args, None)
+
+    def execute_sent(self, *args: Arg) -> tuple[asyncio.Future[None], asyncio.Future[Any]]:
+        """Like :meth:`execute`, plus a future done once the command is written on the connection
+        (or has failed): every command any client sends Redis after that moment is executed after
+        this one, since Redis runs commands in the order they reach it."""
+        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        return sent, self._queue_call(args, sent)
+
+    def _queue_call(self, args: tuple[Arg, ...], sent: asyncio.Future[None] | None) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
         fut = loop.create_future()
-        self._queue.append(_Call(pack(args), fut, loop.time()))
+        call = _Call(pack(args), fut, loop.time(), sent)
+        if sent is not None:
+            fut.add_done_callback(lambda _f: _mark_sent(call))  # failed or cancelled: not waiting
+        self._queue.append(call)
         if self._worker is None:
             self._worker = loop.create_task(self._drain())
         return fut
@@ -192,7 +222,8 @@ class AutoPipeline:
             done = len(replies)
             try:
                 conn = await self._connection()
-                await self._exchange(conn, [c.cmd for c in calls[done:]], replies)
+                todo = calls[done:]
+                await self._exchange(conn, [c.cmd for c in todo], replies, partial(_mark_all_sent, todo))
                 return
             except (RedisConnectionError, OSError):
                 await self._drop_connection()
@@ -213,10 +244,15 @@ class AutoPipeline:
         return conn
 
     @staticmethod
-    async def _exchange(conn: Any, cmds: list[bytes], out: list[Any]) -> None:
-        """Write ``cmds`` at once, append one reply each to ``out`` (an error reply is appended, not
-        raised). A connection failure raises, leaving in ``out`` the replies read before it."""
+    async def _exchange(
+        conn: Any, cmds: list[bytes], out: list[Any], written: Callable[[], None] | None = None
+    ) -> None:
+        """Write ``cmds`` at once (then call ``written``), append one reply each to ``out`` (an error
+        reply is appended, not raised). A connection failure raises, leaving in ``out`` the replies
+        read before it."""
         await conn.send_packed_command(cmds[0] if len(cmds) == 1 else b"".join(cmds), check_health=False)
+        if written is not None:
+            written()
         for _ in cmds:
             try:
                 out.append(await conn.read_response(disable_decoding=True))

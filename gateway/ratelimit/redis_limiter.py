@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections.abc import Awaitable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -166,6 +167,12 @@ end
 return {renewed}
 """
 
+
+def _unavailable(e: BaseException) -> LimiterUnavailable:
+    what = str(e) if isinstance(e, RoundTripError) else f"{type(e).__name__}: {e}"
+    return LimiterUnavailable(f"rate-limit store unreachable: {what}")
+
+
 RENEW_BATCH = 1000  # lease ids per renewal script call
 
 
@@ -205,8 +212,7 @@ class RedisLimiter:
         try:
             return list(await self._pipe.execute("EVALSHA", sha, len(keys), *keys, *args))
         except (RedisError, OSError, TimeoutError) as e:
-            what = str(e) if isinstance(e, RoundTripError) else f"{type(e).__name__}: {e}"
-            raise LimiterUnavailable(f"rate-limit store unreachable: {what}") from e
+            raise _unavailable(e) from e
 
     async def _call(self, plan: AdmissionPlan, lease_id: str, dry: bool) -> list[object]:
         p = self._prefix
@@ -256,20 +262,38 @@ class RedisLimiter:
         return self._states(bare, await self._call(bare, "peek", dry=True))
 
     async def settle(self, lease: Lease, actual_tokens: int | None) -> None:
+        rest = await self.begin_settle(lease, actual_tokens)
+        if rest is not None:
+            await rest
+
+    async def begin_settle(self, lease: Lease, actual_tokens: int | None) -> Awaitable[None] | None:
         if lease.settled:
-            return
+            return None
         lease.settled = True
         self._held.pop(lease.lease_id, None)
         delta = 0 if actual_tokens is None else actual_tokens - lease.estimated_tokens
         buckets = lease.token_buckets if delta else ()
         if not buckets and not lease.slot_keys:
-            return
+            return None
         keys = [self._prefix + b.key for b in buckets]
         keys += [self._prefix + k for k in lease.slot_keys]
         args: list[str | int | float] = [len(buckets), len(lease.slot_keys), lease.lease_id]
         for b in buckets:
             args += [b.limit, delta]
-        await self._run(self._settle, keys, args)
+        sent, reply = self._pipe.execute_sent("EVALSHA", self._settle, len(keys), *keys, *args)
+        try:
+            await sent
+        except BaseException:
+            reply.cancel()  # not written yet: left out of its batch
+            raise
+        return self._outcome(reply)
+
+    @staticmethod
+    async def _outcome(reply: asyncio.Future[object]) -> None:
+        try:
+            await reply
+        except (RedisError, OSError, TimeoutError) as e:
+            raise _unavailable(e) from e
 
     # ------------------------------------------------------------------ slot liveness
 
