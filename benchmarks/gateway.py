@@ -92,25 +92,6 @@ def cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def io_calls(pid: int) -> tuple[int, int]:
-    """Read and write system calls (``syscr``, ``syscw`` of /proc/<pid>/io) of ``pid`` and its
-    descendants still alive: socket reads and writes per request, whatever the machine's load."""
-    r = w = 0
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            fields = dict(line.split(": ") for line in Path(f"/proc/{p}/io").read_text().splitlines())
-        except (OSError, ValueError):
-            continue
-        r += int(fields.get("syscr", 0))
-        w += int(fields.get("syscw", 0))
-        for task in Path(f"/proc/{p}/task").glob("*/children"):
-            with contextlib.suppress(OSError):
-                todo += [int(c) for c in task.read_text().split()]
-    return r, w
-
-
 def load_avg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -421,17 +402,12 @@ async def measure(
                     await asyncio.sleep(1.0)  # py-spy attached before the load starts
                 la0 = load_avg()
                 cpu0 = cpu_seconds(pid)
-                io0 = io_calls(pid)
                 res = await run_load(url, key, models, concurrency=c, duration=duration, stream=stream)
                 cpu = cpu_seconds(pid) - cpu0
-                io1 = io_calls(pid)
                 if spy is not None:
                     spy.send_signal(2)  # SIGINT: py-spy writes its file and exits
                     spy.wait(30)
                 res["cpu_ms_per_req"] = round(cpu * 1000 / res["completed"], 3) if res["completed"] else None
-                n = res["completed"] or 1
-                res["reads_per_req"] = round((io1[0] - io0[0]) / n, 2)
-                res["writes_per_req"] = round((io1[1] - io0[1]) / n, 2)
                 res["load_avg_1m"] = [la0[0], load_avg()[0]]
                 row = {"target": name, "stream": stream, "concurrency": c, **res}
                 if name == "direct":
@@ -445,7 +421,6 @@ async def measure(
                     f"{'stream' if stream else 'plain '} c={c:<4} {name:<8} {res['rps']:>8} req/s"
                     f"  p50 {fmt(res['p50_ms'])} ms  p99 {fmt(res['p99_ms'])} ms"
                     f"  ttfb {fmt(res['ttfb_p50_ms'])} ms  cpu {fmt(res['cpu_ms_per_req'])} ms/req"
-                    f"  syscalls r/w {res['reads_per_req']}/{res['writes_per_req']} per req"
                     f"  errors {res['errors']}"
                 )
                 rows.append(row)
