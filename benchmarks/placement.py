@@ -253,6 +253,7 @@ def run_router_path(
     rng = random.Random(seed)
     planner, states, infos, weights, now_box = _router(rng, n_replicas, n_adapters, max_adapters, max_loras)
     planner.use_index = not full_pass
+    planner.index_min_replicas = 0  # the index rows use it at every size (the router: from 64)
     index = {st.url: i for i, st in enumerate(states)}
     stream = rng.choices(range(n_adapters), weights=weights, k=decisions)
     times: list[int] = []

@@ -3,9 +3,10 @@
 The placement input carries everything the decision depends on (DESIGN example 17): the
 replicas' views (health, scraped load, residency with cluster-wide in-flight counts) and the
 hot-copy targets; the decision carries every action (the replica, and the victims to evict).
-With the default profile the decision comes from a placement index per base model
-(``router/placement/index.py``) updated with the replicas the store reports changed, so it
-does not visit every replica; it is the decision the full pass over the views would make.
+With the default profile and at least ``INDEX_MIN_REPLICAS`` replicas the decision comes from a
+placement index per base model (``router/placement/index.py``) updated with the replicas the
+store reports changed, so it does not visit every replica; it is the decision the full pass over
+the views would make (which smaller clusters take: there it is the cheaper of the two).
 The runtime executes it: the loader's cluster ``claim`` evicts the decision's victims — and,
 only when this process's view was stale and the replica holds more than it knew, the next
 idle adapters in LRU order (``candidates``), never a hot copy for a prewarm.
@@ -31,6 +32,9 @@ class ColdSlotsFull(NoCapacity):
     """Only the GPU slots reserved for hot adapters are free (``reserved_hot_slots``)."""
 
 
+INDEX_MIN_REPLICAS = 64
+
+
 class Planner:
     def __init__(
         self,
@@ -49,6 +53,9 @@ class Planner:
         self._counters: dict[str, Any] = {}
         self._indexes: dict[str, PlacementIndex] = {}  # base model → its replicas' index
         self.use_index = True  # False: always the full pass (benchmarks compare the two)
+        # Below this many replicas the full pass is the cheaper of the two (same decisions): at
+        # 10 replicas it took half the index's time, at 100 as long (benchmarks/placement.py).
+        self.index_min_replicas = INDEX_MIN_REPLICAS
 
     def place(self, req: ForwardRequest, excluded: set[str]) -> tuple[ReplicaState, Decision]:
         """The replica for ``req`` (never one in ``excluded``); raises NoCapacity (``ColdSlotsFull``
@@ -96,6 +103,8 @@ class Planner:
         profile = self.profile
         if not self.use_index or not isinstance(profile, DefaultProfile) or not profile._planned():
             return None
+        if len(self._store.replicas) < self.index_min_replicas:
+            return None  # changes wait in the store until the cluster grows
         if reserved and any(p.reserved_hot_slots > 0 for p in self._store.pools_for(base_model)):
             return None
         store = self._store

@@ -153,6 +153,7 @@ def test_planner_with_the_index_decides_as_the_full_pass() -> None:
     planner, states, infos, weights, clock = bench_router(rng, 40, 400, 8, 4)
     full = Planner(planner._store, planner.profile, planner._hot, planner._metrics, clock=lambda: clock[0])
     full.use_index = False
+    planner.index_min_replicas = 0  # 40 replicas: the index even below its threshold
     store = planner._store
     pool = states[0].pool
     compared = 0
@@ -206,3 +207,44 @@ def test_planner_with_the_index_decides_as_the_full_pass() -> None:
         elif roll < 0.6:
             planner._hot.targets = {i.lora_name: rng.randint(1, 3) for i in rng.sample(infos, 5)}
     assert compared > 1200
+
+
+def test_small_clusters_take_the_full_pass_and_the_index_starts_at_its_threshold() -> None:
+    """Below ``index_min_replicas`` (64 by default) the planner decides by the full pass (the
+    cheaper one there) and builds no index; once the cluster reaches it, the index is built with
+    every change made meanwhile, and decides as the full pass does."""
+    from router.contract import ForwardRequest
+    from router.planner import INDEX_MIN_REPLICAS
+
+    rng = random.Random(5)
+    planner, _states, infos, weights, clock = bench_router(rng, 12, 60, 4, 2)
+    assert planner.index_min_replicas == INDEX_MIN_REPLICAS > 12
+    full = Planner(planner._store, planner.profile, planner._hot, planner._metrics, clock=lambda: clock[0])
+    full.use_index = False
+
+    def req(k: int) -> ForwardRequest:
+        info = infos[rng.choices(range(len(infos)), weights=weights)[0]]
+        return ForwardRequest(
+            f"r{k}", "t", "bench-base", info, "chat/completions", {"max_tokens": 8}, "m", False
+        )
+
+    from router.store import Residency
+
+    for k in range(50):  # requests recorded and adapters loaded meanwhile
+        r = req(k)
+        rep, got = planner.place(r, set())
+        for victim in got.evict:
+            rep.residents.pop(victim, None)
+        lora = r.version.lora_name if r.version is not None else None
+        if lora is not None and lora not in rep.residents:
+            rep.residents[lora] = Residency(lora, "x", "v1", "resident", 0.0, clock[0], 1)
+        rep.inflight += 1
+        clock[0] += 0.5
+    assert planner._indexes == {}  # 12 replicas: no index built
+    planner.index_min_replicas = 12  # the cluster "reached" the threshold
+    for k in range(50, 300):
+        r = req(k)
+        _, got = planner.place(r, set())
+        _, want = full.place(r, set())
+        assert outcome(got) == outcome(want), k
+    assert "bench-base" in planner._indexes
