@@ -27,9 +27,13 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key, value in record.__dict__.items():
-            if key not in _RESERVED and not key.startswith("_"):
-                out[key] = value
+        fields = record.__dict__.get("_fields")
+        if fields is not None:  # log_record's: the extra fields as given, no scan of the record
+            out.update(fields)
+        else:
+            for key, value in record.__dict__.items():
+                if key not in _RESERVED and not key.startswith("_"):
+                    out[key] = value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(out, default=str).decode()
@@ -40,11 +44,15 @@ def log_record(logger: logging.Logger, level: int, msg: str, extra: dict[str, An
     instead of the caller's file and line (what logging does without caller lookup), which
     spares the frame walk; the JSON line is the same, as it never shows them."""
     if logger.isEnabledFor(level):
-        logger.handle(
-            logger.makeRecord(
-                logger.name, level, "(unknown file)", 0, msg, (), None, "(unknown function)", extra
-            )
+        record = logger.makeRecord(
+            logger.name, level, "(unknown file)", 0, msg, (), None, "(unknown function)"
         )
+        attrs = record.__dict__
+        if not _RESERVED.isdisjoint(extra):  # what makeRecord(extra=...) refuses
+            raise KeyError(f"Attempt to overwrite {sorted(_RESERVED.intersection(extra))} in LogRecord")
+        attrs.update(extra)  # as attributes too, for any other handler
+        attrs["_fields"] = extra
+        logger.handle(record)
 
 
 class StepBufferedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -116,6 +124,11 @@ def setup_logging(level: str = "INFO", json_logs: bool = True) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # Neither line format shows thread, process or process name: records skip looking them up
+    # (a getpid system call, the current thread, the multiprocessing module, on every record).
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     noisy_loggers = ("botocore", "boto3", "s3transfer", "urllib3", "httpx", "httpcore", "uvicorn.access")
     for noisy in (*noisy_loggers, "alembic.runtime.plugins"):  # alembic: a line per plugin at start
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -104,3 +104,24 @@ def test_lines_from_a_thread_without_a_loop_are_written_in_order() -> None:
 
     asyncio.run(main())
     assert _messages(stream) == ["loop line", "thread line", "later"]
+
+
+def test_log_record_keeps_the_extra_fields_as_attributes_and_refuses_reserved_names() -> None:
+    import pytest
+
+    from kit.logs import log_record
+
+    logger, stream, _ = _logger("record")
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    logger.addHandler(Keep())
+    log_record(logger, logging.INFO, "request", {"status": 200, "tenant": "t"})
+    line = orjson.loads(stream.writes[-1])
+    assert line["msg"] == "request" and line["status"] == 200 and line["tenant"] == "t"
+    assert seen[-1].status == 200  # type: ignore[attr-defined]  # another handler sees them as attributes
+    with pytest.raises(KeyError, match="message"):
+        log_record(logger, logging.INFO, "x", {"message": "clash"})
