@@ -36,6 +36,12 @@ class VersionInfo:
     storage_uri: str  # "s3://bucket/prefix/…/" or "file:///abs/dir/"
     base_model: str
     rollback_to: str | None = None  # the version that was active when this one was promoted
+    # Name under which this version is loaded into vLLM; never shown to clients. Made once
+    # (the request path asks for it several times per request).
+    lora_name: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lora_name", _lora_name(self.adapter_id, self.version, self.weights_sha256))
 
     @property
     def weights_sha256(self) -> str:
@@ -43,11 +49,6 @@ class VersionInfo:
             if f.name == WEIGHTS_FILE:
                 return f.sha256
         return ""
-
-    @property
-    def lora_name(self) -> str:
-        """Name under which this version is loaded into vLLM; never shown to clients."""
-        return _lora_name(self.adapter_id, self.version, self.weights_sha256)
 
     @property
     def total_bytes(self) -> int:

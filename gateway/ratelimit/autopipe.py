@@ -28,8 +28,9 @@ import hashlib
 from collections import deque
 from collections.abc import Callable
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
+import hiredis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
@@ -42,37 +43,9 @@ class RoundTripError(RedisError):
 
 
 def pack(args: tuple[Arg, ...]) -> bytes:
-    """One command in RESP (an array of bulk strings), encoded as redis-py encodes arguments."""
-    # Fast path: ASCII str/int/float arguments (the limiter's), built as one str then encoded.
-    parts = [f"*{len(args)}\r\n"]
-    for a in args:
-        t = type(a)
-        if t is str:
-            s = cast(str, a)
-        elif t is int or t is float:
-            s = repr(a)
-        else:
-            return _pack_bytes(args)
-        parts.append(f"${len(s)}\r\n{s}\r\n")
-    out = "".join(parts)
-    return out.encode() if out.isascii() else _pack_bytes(args)
-
-
-def _pack_bytes(args: tuple[Arg, ...]) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        if isinstance(a, bytes):
-            b = a
-        elif isinstance(a, str):
-            b = a.encode()
-        elif isinstance(a, bool):
-            raise TypeError("bool is not a valid Redis argument")
-        elif isinstance(a, int | float):
-            b = repr(a).encode()
-        else:
-            raise TypeError(f"invalid Redis argument of type {type(a).__name__}")
-        out.append(b"$%d\r\n%b\r\n" % (len(b), b))
-    return b"".join(out)
+    """One command in RESP (an array of bulk strings), encoded as redis-py encodes arguments
+    (hiredis's C packer: str as UTF-8, int/float by ``repr``, bytes as they are; bool refused)."""
+    return hiredis.pack_command(args)  # type: ignore[arg-type]  # its stub says a 1-tuple
 
 
 def _mark_sent(call: _Call) -> None:

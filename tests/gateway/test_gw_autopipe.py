@@ -43,7 +43,7 @@ def test_pack_encodes_like_redis_py() -> None:
 
     conn = Connection()
     cases = [
-        ("EVALSHA", "abc", 2, "k:a", "k:b", 900.0, -3, 0.1, 10**12, 1e-7),  # ASCII: the fast path
+        ("EVALSHA", "abc", 2, "k:a", "k:b", 900.0, -3, 0.1, 10**12, 1e-7),  # ASCII
         ("EVALSHA", "abc", 2, "k:é", b"raw\r\n", 900.0, -3, 0.1),  # non-ASCII, bytes
         (Word.GET, "k"),  # a str subclass
         ("SET", "k", ""),
