@@ -83,6 +83,7 @@ def build_gateway(
         refresh_s=settings.snapshot_refresh_s,
         verify_s=settings.snapshot_verify_s,
         freeze_gc=True,  # once, after the first load: see RoutingTable._freeze
+        revision_timeout_s=settings.database_timeout_s,  # as long as any database operation
     )
     return Gateway(
         settings,

@@ -57,7 +57,7 @@ Loader = Callable[[], RoutingSnapshot]
 AsyncLoader = Callable[[], Awaitable[RoutingSnapshot]]
 
 NOTICE_GRACE_S = 1.0  # a revision check that finds the table behind waits this long for the feed
-REVISION_TIMEOUT_S = 10.0  # a revision read that hangs longer counts as a registry failure
+REVISION_TIMEOUT_S = 10.0  # default: a revision read that hangs longer counts as a registry failure
 
 
 class ChangeApplier(Protocol):
@@ -93,6 +93,7 @@ class RoutingTable:
         retry_s: float = 1.0,
         batch_window_s: float = 0.02,
         freeze_gc: bool = False,
+        revision_timeout_s: float = REVISION_TIMEOUT_S,
     ) -> None:
         self._loader = loader
         self._load_async = load_async
@@ -104,6 +105,7 @@ class RoutingTable:
         self._grace_s = min(NOTICE_GRACE_S, refresh_s)
         self._retry_s = min(retry_s, refresh_s)
         self._batch_window_s = batch_window_s
+        self._revision_timeout_s = revision_timeout_s
         self._freeze_gc = freeze_gc
         self._frozen = False
         self._last_apply = -1e9  # time.monotonic() of the last incremental apply
@@ -361,7 +363,7 @@ class RoutingTable:
         feed does not bring it there within the grace period, a notice was lost: reload."""
         assert self._apply is not None
         try:
-            async with asyncio.timeout(REVISION_TIMEOUT_S):
+            async with asyncio.timeout(self._revision_timeout_s):
                 latest = await self._apply.revision()
         except Exception as e:  # any registry failure keeps the last snapshot
             self._failed(e)
