@@ -49,6 +49,7 @@ _COMPLETIONS: dict[str, Endpoint] = {
     "/v1/completions": "completions",
 }
 _SSE = b"text/event-stream; charset=utf-8"
+_SSE_END = b"data: [DONE]\n\n"  # a stream's last event (after an error event too)
 
 
 def _request_id(headers: dict[bytes, bytes]) -> bytes:
@@ -408,6 +409,14 @@ class GatewayApp:
             ctx.t_last = now
             ctx.chunks += 1
 
+        rest: list[Awaitable[None] | None] = []  # the settlement begun before the last event
+
+        async def before_end() -> None:
+            # Like a whole answer: the settlement reaches the limit store before the client can
+            # see the stream's end (its usage is known by then); its reply is awaited at the end.
+            self._usage(ctx, result)
+            rest.append(await self._begin_settle(lease, self._total(ctx)))
+
         async def finalize(disconnected: bool) -> None:
             aclose = getattr(result.stream, "aclose", None)
             if aclose is not None:
@@ -422,10 +431,17 @@ class GatewayApp:
                 ctx.error = result.stream_error
                 ctx.status = 504 if result.stream_error == "upstream_timeout" else 502
             self._usage(ctx, result)
-            await self._settle(lease, self._total(ctx))
+            if rest:
+                if rest[0] is not None:
+                    await self._end_settle(rest[0])
+            else:
+                await self._settle(lease, self._total(ctx))
             self._finish(ctx)
 
-        await stream_out(receive, send, result.status, headers, result.stream, on_chunk, finalize)
+        await stream_out(
+            receive, send, result.status, headers, result.stream, on_chunk, finalize,
+            end_marker=_SSE_END, before_end=before_end,
+        )  # fmt: skip
 
     async def _upstream_error(
         self, send: Send, ctx: _Ctx, result: ForwardResult, lease: Lease | None,

@@ -80,8 +80,14 @@ async def stream_out(
     chunks: AsyncIterator[bytes],
     on_chunk: Callable[[], None],
     finalize: Callable[[bool], Awaitable[None]],
+    *,
+    end_marker: bytes | None = None,
+    before_end: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Pass ``chunks`` through as they arrive; ``finalize(disconnected)`` runs on every exit path.
+
+    ``before_end`` is awaited before the chunk that ends with ``end_marker`` (the stream's last
+    event, e.g. ``data: [DONE]``) is sent: what must happen before the client can see the end.
 
     The chunks are pumped in the calling task while a watcher task waits for the client's
     disconnect and then cancels the pump (that one cancellation is taken back, so a cancellation
@@ -113,6 +119,9 @@ async def stream_out(
             await send({"type": "http.response.start", "status": status, "headers": headers})
             async for chunk in chunks:
                 on_chunk()
+                if before_end is not None and end_marker is not None and chunk.endswith(end_marker):
+                    hook, before_end = before_end, None
+                    await hook()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:

@@ -199,8 +199,8 @@ class FakeRouter:
                     "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12},
                 }
                 yield b"data: " + orjson.dumps(u) + b"\n\n"
+            result.usage = usage  # as the router's relay: parsed before the last event is passed on
             yield b"data: [DONE]\n\n"
-            result.usage = usage
         finally:
             self.closed_streams += 1
 

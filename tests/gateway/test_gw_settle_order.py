@@ -93,3 +93,81 @@ async def test_memory_limiter_settles_at_once() -> None:
     assert not (await lim.admit(_plan())).admitted  # max_concurrency 1: held
     assert await lim.begin_settle(r.lease, 5) is None
     assert (await lim.admit(_plan())).admitted  # released at once
+
+
+async def _slot_free_at_the_end(redis_url: str, redis_prefix: str, stream: bool) -> None:
+    """Through the gateway app (fake router, real Redis limiter, tenant max_concurrency 1): at the
+    moment the client would see the end of the answer (the whole body; a stream's [DONE] event),
+    another gateway process's admission for the tenant is already admitted."""
+    from collections.abc import MutableMapping
+    from typing import Any
+
+    import orjson
+    from pydantic import SecretStr
+
+    from gateway.api import create_gateway_app
+    from gateway.service import Gateway
+    from gateway.settings import GatewaySettings
+    from gateway.table import RoutingTable
+    from registry.snapshot import Limits
+
+    from .gw_fakes import FakeRouter, make_snapshot
+
+    snap, keys = make_snapshot(limits=Limits(max_concurrency=1))
+    router = FakeRouter()
+    mine = RedisLimiter(make_redis(redis_url), prefix=redis_prefix, lease_s=30, timeout_s=5, process_id="gw")
+    other = RedisLimiter(make_redis(redis_url), prefix=redis_prefix, lease_s=30, timeout_s=5, process_id="o")
+    gw = Gateway(
+        GatewaySettings(admin_token=SecretStr("admin-token-123456789")),
+        router=router,
+        table=RoutingTable(lambda: snap, on_snapshot=router.update_snapshot, refresh_s=60),
+        limiter=mine,
+    )
+    app = create_gateway_app(gw)
+    await gw.start()
+    seen_at_end: list[bool] = []
+    try:
+        plan = make_plan(tenant_id="acme", rpm=None, tpm=None, max_concurrency=1, estimated_tokens=1)
+        body = orjson.dumps(
+            {"model": "demo-base:alpha", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+        )
+        first = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if first:
+                return first.pop()
+            await asyncio.sleep(3600)
+            return {"type": "http.disconnect"}
+
+        async def send(msg: MutableMapping[str, Any]) -> None:
+            if msg["type"] != "http.response.body":
+                assert msg["status"] == 200
+                return
+            chunk = msg.get("body", b"")
+            if (not stream and chunk) or b"[DONE]" in chunk:
+                r = await other.admit(plan)  # the client's next request, at another gateway
+                seen_at_end.append(r.admitted)
+                if r.lease is not None:
+                    await other.settle(r.lease, None)
+
+        scope = {
+            "type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
+            "headers": [(b"authorization", f"Bearer {keys['acme']}".encode())],
+        }  # fmt: skip
+        for _ in range(5):
+            await app(scope, receive, send)
+            first.append({"type": "http.request", "body": body, "more_body": False})
+        assert seen_at_end == [True] * 5, seen_at_end
+    finally:
+        await gw.stop()
+        await other.close()
+
+
+async def test_a_whole_answer_frees_its_slot_before_the_client_has_it(
+    redis_url: str, redis_prefix: str
+) -> None:
+    await _slot_free_at_the_end(redis_url, redis_prefix, stream=False)
+
+
+async def test_a_stream_frees_its_slot_before_the_client_sees_done(redis_url: str, redis_prefix: str) -> None:
+    await _slot_free_at_the_end(redis_url, redis_prefix, stream=True)
