@@ -63,7 +63,7 @@ class RequestLoop:
     async def forward(self, req: ForwardRequest) -> ForwardResult:
         t0 = self._clock()
         store = self._store
-        if not store.for_base(req.base_model):
+        if not store.serves(req.base_model):
             raise NoCapacity(f"no replicas serve base model {req.base_model}", retry_after=5)
         version = req.version
         name = version.lora_name if version is not None else None

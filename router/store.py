@@ -530,6 +530,10 @@ class ReplicaStore:
     def for_base(self, base_model: str) -> list[ReplicaState]:
         return [r for r in self.replicas.values() if r.pool.base_model == base_model]
 
+    def serves(self, base_model: str) -> bool:
+        """Whether any replica serves ``base_model`` (stops at the first: no list per request)."""
+        return any(r.pool.base_model == base_model for r in self.replicas.values())
+
     def pools_for(self, base_model: str) -> list[PoolConfig]:
         """The configured pools serving ``base_model``."""
         return [p for p in self._settings.pools if p.base_model == base_model]
