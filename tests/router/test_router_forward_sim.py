@@ -91,6 +91,19 @@ async def test_base_model_request(sims: list[Sim], make_router: RouterFactory) -
     assert orjson.loads(res.body)["model"] == "demo-base"
 
 
+async def test_a_base_model_no_replica_serves_is_no_capacity_with_retry_after(
+    sims: list[Sim], make_router: RouterFactory
+) -> None:
+    from dataclasses import replace
+
+    from router.contract import NoCapacity
+
+    router = await make_router([sims[0].url])
+    with pytest.raises(NoCapacity, match="no replicas serve base model other-base") as caught:
+        await router.forward(replace(chat(None), base_model="other-base", client_model="other-base"))
+    assert caught.value.retry_after == 5
+
+
 async def test_mid_stream_death_ends_with_error_event(
     sims: list[Sim], make_router: RouterFactory, artifacts, tmp_path: Path
 ) -> None:
