@@ -94,8 +94,10 @@ class RequestLoop:
             release = self._releaser(rep.url, name)
             try:
                 if version is not None:
-                    cands = self._planner.candidates(rep, decision, version.lora_name, strict_hot=False)
-                    cold = await self._loader.ensure_loaded(rep, version, cands) or cold
+                    here = rep.residents.get(version.lora_name)
+                    if here is None or here.state != "resident":  # a hit needs no load, no victims
+                        cands = self._planner.candidates(rep, decision, version.lora_name, strict_hot=False)
+                        cold = await self._loader.ensure_loaded(rep, version, cands) or cold
                 return await self._sender.send(rep, req, cold, self._clock() - t0, release)
             except LoadError as exc:
                 release()
