@@ -4,6 +4,10 @@ Every file part is named ``files``. The caller may also accept a few small text 
 (``fields``: name → parser); such a part is read whole (at most ``MAX_FIELD_BYTES``), decoded as
 UTF-8 and passed to its parser when it ends, which returns the value to keep or raises (422) —
 an upload with a bad field is refused while it streams, and nothing is kept.
+
+The body is parsed by :mod:`registry.ingest.formdata` as it arrives; a malformed body is a 422
+``invalid_request`` ("malformed multipart body: …"), a body larger than the size cap plus
+``MULTIPART_SLACK`` a 413, whether or not a Content-Length announced it.
 """
 
 from __future__ import annotations
@@ -11,10 +15,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from python_multipart.exceptions import MultipartParseError
-from python_multipart.multipart import MultipartParser, parse_options_header
+from python_multipart.multipart import parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
 from kit.errors import InvalidRequest, LoraplaneError
@@ -28,6 +30,7 @@ from registry.ingest.common import (
     too_large,
     write_chunks,
 )
+from registry.ingest.formdata import PART_END, Event, FormDataError, FormDataParser, Part, check_boundary
 from registry.storage.base import ArtifactStore, FileWriter, PendingUpload
 from registry.validation import (
     BaseModelSpec,
@@ -40,9 +43,7 @@ FieldParser = Callable[[str], str]
 
 @dataclass
 class _Part:
-    headers: dict[str, str] = field(default_factory=dict)
-    hname: bytearray = field(default_factory=bytearray)
-    value: bytearray = field(default_factory=bytearray)
+    headers: dict[str, str]
     name: str | None = None  # accepted file name, None when the part is refused
     form_field: str | None = None  # name of an accepted text field (not a file)
     text: bytearray = field(default_factory=bytearray)
@@ -60,53 +61,21 @@ class _MultipartIngest:
         self.fields: dict[str, str] = {}
         self.insp = Inspector(max_bytes)
         self.pipe = Pipe()
-        self.events: list[tuple[str, Any]] = []
         self.part: _Part | None = None
         self.seen: set[str] = set()
         self.seen_fields: set[str] = set()
-        self.ended = False
         self.parts = 0
 
-    def callbacks(self) -> dict[str, Any]:
-        ev = self.events
-
-        def data(kind: str) -> Callable[[bytes, int, int], None]:
-            # the whole chunk is passed on as is (no copy); only edges are sliced
-            return lambda d, s, e: ev.append((kind, d if s == 0 and e == len(d) else d[s:e]))
-
-        return {
-            "on_part_begin": lambda: ev.append(("begin", None)),
-            "on_header_field": data("hfield"),
-            "on_header_value": data("hvalue"),
-            "on_header_end": lambda: ev.append(("hend", None)),
-            "on_headers_finished": lambda: ev.append(("headers", None)),
-            "on_part_data": data("data"),
-            "on_part_end": lambda: ev.append(("end", None)),
-            "on_end": lambda: ev.append(("done", None)),
-        }
-
-    async def process(self) -> None:
-        events, self.events[:] = list(self.events), []
-        for kind, val in events:
-            if kind == "data":
-                await self._data(val)
-            elif kind == "begin":
-                self.part = _Part()
+    async def handle(self, events: list[Event]) -> None:
+        for ev in events:
+            if isinstance(ev, bytes):
+                await self._data(ev)
+            elif isinstance(ev, Part):
+                self.part = _Part(ev.headers)
                 self.parts += 1
-            elif kind == "hfield" and self.part is not None:
-                self.part.hname += val
-            elif kind == "hvalue" and self.part is not None:
-                self.part.value += val
-            elif kind == "hend" and self.part is not None:
-                key = self.part.hname.decode("latin-1").strip().lower()
-                self.part.headers[key] = self.part.value.decode("latin-1").strip()
-                self.part.hname, self.part.value = bytearray(), bytearray()
-            elif kind == "headers":
                 await self._open_part()
-            elif kind == "end":
+            elif ev is PART_END:
                 await self._close_part()
-            elif kind == "done":
-                self.ended = True
 
     async def _open_part(self) -> None:
         part = self.part
@@ -204,7 +173,7 @@ async def ingest_multipart(
             '(or JSON {"source_uri": "s3://bucket/prefix/"})'
         )
     boundary = opts.get(b"boundary")
-    if not boundary or len(boundary) > 200:
+    if not boundary or not check_boundary(boundary):
         raise InvalidRequest("multipart/form-data without a valid boundary")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > max_bytes + MULTIPART_SLACK:
@@ -213,16 +182,18 @@ async def ingest_multipart(
     pending = await asyncio.to_thread(store.begin, adapter_id)
     ing = _MultipartIngest(pending, max_bytes, fields)
     try:
-        parser = MultipartParser(boundary, ing.callbacks())  # type: ignore[arg-type]
+        parser = FormDataParser(boundary)
+        received = 0
         async for chunk in request.stream():
-            if not chunk:
-                continue
+            received += len(chunk)
+            if received > max_bytes + MULTIPART_SLACK:
+                raise too_large(max_bytes)
             try:
-                parser.write(chunk)
-            except MultipartParseError as e:
+                events = parser.feed(chunk)
+            except FormDataError as e:
                 raise InvalidRequest(f"malformed multipart body: {e}") from None
-            await ing.process()
-        if not ing.ended:
+            await ing.handle(events)
+        if not parser.done:
             raise InvalidRequest("multipart body ended before its closing boundary")
         await ing.pipe.wait()
         checked = await asyncio.to_thread(ing.insp.validate, base)  # a large header takes a while

@@ -3,8 +3,9 @@
 Objects live at ``<prefix>adapters/<adapter_id>/<uuid>/<name>``; a version's storage URI is
 ``s3://<bucket>/<prefix>adapters/<adapter_id>/<uuid>/``. A file is written as a streaming
 multipart upload: parts of ``s3_multipart_chunk_bytes`` are handed to a thread pool as they
-fill (at most ``max_inflight_parts`` per file in flight, so memory stays bounded) while sha256
-and size are computed on the way; a file smaller than one part is a single ``put_object``.
+fill (at most ``max_inflight_parts`` per file in flight and one more ready to go, so memory
+stays bounded) while sha256 and size are computed on the way; a file smaller than one part is
+a single ``put_object``.
 ``abort()`` aborts open multipart uploads and deletes every object under the version's
 prefix; what S3 refuses then (it is down) is retried in the background until it is gone, and
 ``sweep()`` removes what a killed process left (``registry.storage.s3_cleanup``). botocore

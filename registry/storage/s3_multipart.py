@@ -108,7 +108,13 @@ class _PartBody(io.RawIOBase):
 
 
 class S3FileWriter:
-    """Streams one object: single put when small, else multipart with parts in flight."""
+    """Streams one object: a single put when it is smaller than one part, else a multipart upload.
+
+    At most ``max_inflight_parts`` parts are sent at once, and one more full part waits, ready,
+    so a part that finishes is replaced at once rather than once the next part has been
+    received (without it S3 had one part instead of two in flight 10–20 % of a 1 GiB upload).
+    ``write`` blocks while that part waits and the next one is full: at most about
+    ``max_inflight_parts + 2`` parts of data are held."""
 
     def __init__(self, pending: S3PendingUpload, name: str) -> None:
         self.name = name
@@ -119,7 +125,9 @@ class S3FileWriter:
         self._hc = HashingCounter()
         self.upload_id: str | None = None
         self._futures: list[Future[dict[str, Any]]] = []
-        self._slots = threading.BoundedSemaphore(pending.store.max_inflight_parts)
+        inflight = pending.store.max_inflight_parts
+        self._sending = threading.BoundedSemaphore(inflight)  # parts being sent
+        self._slots = threading.BoundedSemaphore(inflight + 1)  # parts handed over: sent or ready
         self._next_part = 1
         self._info: FileInfo | None = None
 
@@ -173,16 +181,18 @@ class S3FileWriter:
 
     def _upload_part(self, n: int, chunks: list[bytes | memoryview]) -> dict[str, Any]:
         try:
-            body = _PartBody(chunks)
-            with s3_errors(f"upload part {n} of {self.key}"):
-                resp = self._p.client.upload_part(
-                    Bucket=self._p.bucket,
-                    Key=self.key,
-                    UploadId=self.upload_id,
-                    PartNumber=n,
-                    Body=body,
-                    ContentLength=body.size,
-                )
+            with self._sending:  # the ready part waits here for one being sent to finish
+                self._p.check_open()  # aborted meanwhile: do not send it
+                body = _PartBody(chunks)
+                with s3_errors(f"upload part {n} of {self.key}"):
+                    resp = self._p.client.upload_part(
+                        Bucket=self._p.bucket,
+                        Key=self.key,
+                        UploadId=self.upload_id,
+                        PartNumber=n,
+                        Body=body,
+                        ContentLength=body.size,
+                    )
             return {"PartNumber": n, "ETag": resp["ETag"]}
         finally:
             chunks.clear()
