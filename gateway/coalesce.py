@@ -6,11 +6,13 @@ uvloop turns each into its own system call and TCP segment (the client is woken 
 gateway's hot path that second loopback write cost as much CPU as any other step of a request.
 
 :class:`CoalescingTransport` sits between uvicorn's protocol and the socket's transport: a write
-is held until the next write (then both go out in one call, at once) or until the end of the
-current event-loop step (a ``call_soon``), whichever comes first; closing writes what is held
-first. A complete answer sent in one step (``send_bytes``: start, then the whole body) is one
-write; a stream's head goes out with its first chunk when that is already there, else one loop
-step later. Nothing is held across an ``await`` that waits for I/O.
+ending in a blank line (an answer's head) is held until the next write (then both go out in
+one call, at once) or until the end of the current event-loop step (a ``call_soon``), whichever
+comes first; any other write goes out at once as before; closing writes what is held first. A
+complete answer sent in one step (``send_bytes``: start, then the whole body) is one write; a
+stream's head goes out with its first chunk when that is already there (the router reads it
+before answering), else one loop step later; a stream's later chunks are not held. Nothing is
+held across an ``await`` that waits for I/O.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 class CoalescingTransport:
     """The parts of ``asyncio.Transport`` uvicorn's HTTP protocol uses, with writes coalesced."""
 
-    __slots__ = ("_transport", "_loop", "_held")
+    __slots__ = ("_held", "_loop", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
@@ -33,14 +35,14 @@ class CoalescingTransport:
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         held = self._held
-        if held is None:
-            if not data:
-                return
-            self._held = bytes(data)
-            self._loop.call_soon(self.flush)
-        else:
+        if held is not None:
             self._held = None
             self._transport.write(held + data)
+        elif data[-4:] == b"\r\n\r\n":  # an answer's head (or a chunked body's end)
+            self._held = bytes(data)
+            self._loop.call_soon(self.flush)
+        elif data:  # a body or a stream's chunk with nothing held: at once, as before
+            self._transport.write(data)
 
     def writelines(self, chunks: Any) -> None:
         self.write(b"".join(chunks))

@@ -39,33 +39,35 @@ class FakeTransport:
         return 0
 
 
-async def test_two_writes_of_one_step_become_one_and_a_lone_write_goes_out_after_the_step() -> None:
+async def test_a_head_and_its_body_become_one_write_and_a_lone_head_goes_out_after_the_step() -> None:
     raw = FakeTransport()
     t = CoalescingTransport(raw, asyncio.get_running_loop())  # type: ignore[arg-type]
     t.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
-    assert raw.writes == []  # held
+    assert raw.writes == []  # a head: held
     t.write(b"ok")
     assert raw.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"]  # at once, one write
     await asyncio.sleep(0)
     assert len(raw.writes) == 1  # the scheduled flush finds nothing
-    t.write(b"head")
-    assert t.get_write_buffer_size() == 4
+    t.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    assert t.get_write_buffer_size() > 0
     await asyncio.sleep(0)
-    assert raw.writes[-1] == b"head"  # a lone write is not held past the step
+    assert raw.writes[-1].startswith(b"HTTP/1.1 200")  # a lone head is not held past the step
+    t.write(b"5\r\ndata:\r\n")  # a stream's chunk with nothing held: at once, not deferred
+    assert raw.writes[-1] == b"5\r\ndata:\r\n" and len(raw.writes) == 3
     t.write(b"")
     await asyncio.sleep(0)
-    assert len(raw.writes) == 2  # nothing written for nothing
+    assert len(raw.writes) == 3  # nothing written for nothing
 
 
 async def test_close_writes_what_is_held_first_and_abort_drops_it() -> None:
     raw = FakeTransport()
     t = CoalescingTransport(raw, asyncio.get_running_loop())  # type: ignore[arg-type]
-    t.write(b"bye")
+    t.write(b"HTTP/1.1 400 Bad\r\n\r\n")
     t.close()
-    assert raw.writes == [b"bye"] and raw.closed
+    assert raw.writes == [b"HTTP/1.1 400 Bad\r\n\r\n"] and raw.closed
     raw2 = FakeTransport()
     t2 = CoalescingTransport(raw2, asyncio.get_running_loop())  # type: ignore[arg-type]
-    t2.write(b"lost")
+    t2.write(b"HTTP/1.1 200 OK\r\n\r\n")
     t2.abort()
     await asyncio.sleep(0)
     assert raw2.writes == [] and raw2.aborted
