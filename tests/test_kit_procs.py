@@ -188,7 +188,10 @@ def test_signal_then_wait_and_the_log_is_fresh_unless_appending(tmp_path: Path) 
         tmp_path,
         "stale",
         """
-        import time
+        import signal, time
+        # Python ignores SIGINT when it started ignored (a background job of a non-interactive
+        # shell, e.g. a CI script run with &): handle it whatever this process inherited.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         print("up", flush=True)
         try:
             time.sleep(60)

@@ -31,9 +31,11 @@ async def test_a_slot_released_by_begin_settle_is_free_for_another_process_befor
             rest = await a.begin_settle(held.lease, 12)
             assert rest is not None
             # a's reply is not awaited yet; b's admission goes out on b's own connection after it
-            again = await b.admit(plan)
+            try:
+                again = await b.admit(plan)
+            finally:
+                await rest
             assert again.admitted and again.lease is not None, "the settlement was not ordered first"
-            await rest
             await b.settle(again.lease, None)
         assert held.lease is not None
         assert await a.begin_settle(held.lease, 12) is None  # settled already: nothing left
@@ -75,11 +77,13 @@ async def test_begin_settle_queued_behind_a_round_trip_in_flight_waits_until_it_
         t0 = time.monotonic()
         rest = await a.begin_settle(held.lease, None)
         waited = time.monotonic() - t0
-        again = await b.admit(plan)
+        assert rest is not None
+        try:
+            again = await b.admit(plan)
+        finally:
+            await rest
         assert again.admitted, "begin_settle returned before the settlement was written"
         assert waited >= 0.3, waited
-        assert rest is not None
-        await rest
         assert await busy is None  # BLPOP timed out
     finally:
         await a.close()
