@@ -136,7 +136,9 @@ def test_replica_sigstop_is_bounded_and_it_returns_after_sigcont(plat: tuple[Pla
         hung.managed.signal(signal.SIGSTOP)
         try:
             wait_until(lambda: max(healthy(p)) == 2, 15, "the hung replica out of rotation")
-            time.sleep(5.0)
+            # at least 5 s of traffic after the requests caught by the hang have timed out (found
+            # out of rotation quickly, the window checked below was ~1 s: 7 requests, a CI failure)
+            time.sleep(max(5.0, t_stop + TTFB_S + IDLE_S + 2.0 + 5.0 - time.monotonic()))
         finally:
             t_cont = time.monotonic()
             hung.managed.signal(signal.SIGCONT)
