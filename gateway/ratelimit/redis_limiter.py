@@ -168,6 +168,11 @@ return {renewed}
 """
 
 
+def _discard(reply: asyncio.Future[object]) -> None:
+    if not reply.cancelled():
+        reply.exception()  # retrieved: no "never retrieved" warning for a reply nobody awaits
+
+
 def _unavailable(e: BaseException) -> LimiterUnavailable:
     what = str(e) if isinstance(e, RoundTripError) else f"{type(e).__name__}: {e}"
     return LimiterUnavailable(f"rate-limit store unreachable: {what}")
@@ -284,7 +289,10 @@ class RedisLimiter:
         try:
             await sent
         except BaseException:
-            reply.cancel()  # not written yet: left out of its batch
+            # Cancelled while waiting (the client went away): the settlement still goes out
+            # (the lease is no longer renewed: left out, its slot would stay taken until it
+            # expired); nobody waits for its reply.
+            reply.add_done_callback(_discard)
             raise
         return self._outcome(reply)
 

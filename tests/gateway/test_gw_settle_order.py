@@ -5,6 +5,7 @@ admission any other process sends afterwards already finds the slot free."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from gateway.ratelimit import AdmissionPlan, LimiterUnavailable, MemoryLimiter, RedisLimiter, make_plan
@@ -175,3 +176,34 @@ async def test_a_whole_answer_frees_its_slot_before_the_client_has_it(
 
 async def test_a_stream_frees_its_slot_before_the_client_sees_done(redis_url: str, redis_prefix: str) -> None:
     await _slot_free_at_the_end(redis_url, redis_prefix, stream=True)
+
+
+async def test_a_settlement_cancelled_while_queued_still_releases_the_slot(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """The request is cancelled (its client went away) while its settlement waits behind a round
+    trip in flight: the settlement still goes out, so the slot is free once it has, not after the
+    lease expires."""
+    a = RedisLimiter(make_redis(redis_url), prefix=redis_prefix, lease_s=30, timeout_s=5, process_id="a")
+    b = RedisLimiter(make_redis(redis_url), prefix=redis_prefix, lease_s=30, timeout_s=5, process_id="b")
+    try:
+        plan = _plan()
+        held = await a.admit(plan)
+        assert held.lease is not None
+        busy = a._pipe.execute("BLPOP", redis_prefix + "never", "0.3")
+        await asyncio.sleep(0.05)
+        settling = asyncio.create_task(a.begin_settle(held.lease, None))
+        await asyncio.sleep(0.05)
+        settling.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await settling
+        assert await busy is None
+        for _ in range(50):  # the settlement's batch follows the BLPOP's
+            r = await b.admit(plan)
+            if r.admitted:
+                break
+            await asyncio.sleep(0.02)
+        assert r.admitted, "the cancelled settlement was left out: the slot stays taken"
+    finally:
+        await a.close()
+        await b.close()
