@@ -241,14 +241,11 @@ class GatewayApp:
         if ctx.canary:
             ctx.answer = body
         self._usage(ctx, result)
-        # The settlement reaches the limit store before the answer leaves (a client's next request,
-        # to any gateway, finds its slot free); its reply is awaited after the answer is sent.
-        rest = await self._begin_settle(lease, self._total(ctx))
+        # Settled before the answer leaves: a client's next request, at any gateway, finds its slot free.
+        await self._settle(lease, self._total(ctx))
         try:
             await send_bytes(send, result.status, body, out_headers, _content_type(result))
         finally:
-            if rest is not None:
-                await self._end_settle(rest)
             self._finish(ctx)
 
     def _snapshot(self) -> RoutingSnapshot:
@@ -409,13 +406,14 @@ class GatewayApp:
             ctx.t_last = now
             ctx.chunks += 1
 
-        rest: list[Awaitable[None] | None] = []  # the settlement begun before the last event
+        settled: list[bool] = []  # settled before the last event was passed on
 
         async def before_end() -> None:
-            # Like a whole answer: the settlement reaches the limit store before the client can
-            # see the stream's end (its usage is known by then); its reply is awaited at the end.
+            # Like a whole answer: settled before the client can see the stream's end (its usage
+            # is known by then), so the client's next request finds its slot free.
             self._usage(ctx, result)
-            rest.append(await self._begin_settle(lease, self._total(ctx)))
+            await self._settle(lease, self._total(ctx))
+            settled.append(True)
 
         async def finalize(disconnected: bool) -> None:
             aclose = getattr(result.stream, "aclose", None)
@@ -431,10 +429,7 @@ class GatewayApp:
                 ctx.error = result.stream_error
                 ctx.status = 504 if result.stream_error == "upstream_timeout" else 502
             self._usage(ctx, result)
-            if rest:
-                if rest[0] is not None:
-                    await self._end_settle(rest[0])
-            else:
+            if not settled:  # ended (or the client left) before the last event
                 await self._settle(lease, self._total(ctx))
             self._finish(ctx)
 
