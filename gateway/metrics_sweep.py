@@ -26,7 +26,6 @@ between TTL and TTL + one interval after its last use, never before.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from gateway.metrics import GatewayMetrics, Version
+from kit.aio import cancel_all
 from registry.snapshot import RoutingSnapshot
 from router.contract import RouterAPI
 from router.core import Router
@@ -147,9 +147,7 @@ class SeriesSweeper:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_all([task])
 
 
 def sweeper_for(
