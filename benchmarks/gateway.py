@@ -71,7 +71,14 @@ async def user_api_key_auth(request: Request, api_key: str) -> UserAPIKeyAuth:
     key = api_key.removeprefix("Bearer ").strip()
     if key not in KEYS:
         raise Exception("invalid key")
-    return UserAPIKeyAuth(api_key=key, user_id=KEYS[key], rpm_limit=10_000_000, tpm_limit=10_000_000_000)
+    # the tenant's limits as on the loraplane side: rpm, tpm and a concurrency cap
+    return UserAPIKeyAuth(
+        api_key=key,
+        user_id=KEYS[key],
+        rpm_limit=10_000_000,
+        tpm_limit=10_000_000_000,
+        max_parallel_requests=100_000,
+    )
 """
 
 
@@ -90,6 +97,16 @@ def cpu_seconds(pid: int) -> float:
             with contextlib.suppress(OSError):
                 todo += [int(c) for c in task.read_text().split()]
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def redis_commands(url: str | None) -> int:
+    """Commands the Redis server at ``url`` has run so far (``INFO stats``; 0 without one)."""
+    if url is None:
+        return 0
+    import redis
+
+    with redis.Redis.from_url(url) as r:
+        return int(r.info("stats")["total_commands_processed"])
 
 
 def load_avg() -> list[float]:
@@ -314,7 +331,12 @@ def lora_names(sim_url: str) -> dict[str, str]:
     return out
 
 
-def start_litellm(exe: Path, work: Path, sim_url: str, mapping: dict[str, str]) -> tuple[ManagedProcess, str]:
+def start_litellm(
+    exe: Path, work: Path, sim_url: str, mapping: dict[str, str], redis_url: str | None
+) -> tuple[ManagedProcess, str]:
+    """One LiteLLM worker; with ``redis_url`` its rate limits (rpm, tpm, parallel requests) are
+    kept in that Redis (``general_settings.coordination_redis``: LiteLLM's cross-pod limits, as
+    several workers or pods would need), else in the worker's memory."""
     cfg_dir = work / "litellm"
     cfg_dir.mkdir()
     (cfg_dir / "custom_auth.py").write_text(CUSTOM_AUTH)
@@ -332,6 +354,7 @@ def start_litellm(exe: Path, work: Path, sim_url: str, mapping: dict[str, str]) 
         "  custom_auth: custom_auth.user_api_key_auth",
         # 1.108 refuses to boot without a master key, even with custom_auth doing the checks
         f'  master_key: "sk-{secrets.token_hex(32)}"',
+        *(["  coordination_redis:", f'    url: "{redis_url}"'] if redis_url else []),
         "litellm_settings:",
         "  drop_params: true",
         "  telemetry: false",
@@ -390,7 +413,10 @@ async def measure(
     duration: float,
     profile: Path | None = None,
     modes: tuple[bool, ...] = (False, True),
+    redis_url: str | None = None,
 ) -> list[dict[str, Any]]:
+    """Each row also counts the commands the Redis server ran during it, per request (with
+    ``redis_url``): what each target asks of Redis per request (its background work included)."""
     rows = []
     for stream in modes:
         for c in concs:
@@ -401,14 +427,18 @@ async def measure(
                     spy = start_profile(pid, profile / f"gateway-{'stream' if stream else 'plain'}-c{c}.txt")
                     await asyncio.sleep(1.0)  # py-spy attached before the load starts
                 la0 = load_avg()
+                cmds0 = redis_commands(redis_url)
                 cpu0 = cpu_seconds(pid)
                 res = await run_load(url, key, models, concurrency=c, duration=duration, stream=stream)
                 cpu = cpu_seconds(pid) - cpu0
+                cmds = redis_commands(redis_url) - cmds0
                 if spy is not None:
                     spy.send_signal(2)  # SIGINT: py-spy writes its file and exits
                     spy.wait(30)
                 res["cpu_ms_per_req"] = round(cpu * 1000 / res["completed"], 3) if res["completed"] else None
                 res["load_avg_1m"] = [la0[0], load_avg()[0]]
+                if redis_url is not None and res["completed"]:
+                    res["redis_cmds_per_req"] = round(cmds / res["completed"], 2)
                 row = {"target": name, "stream": stream, "concurrency": c, **res}
                 if name == "direct":
                     base = res
@@ -432,7 +462,15 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,32,128")
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--adapters", type=int, default=3)
-    ap.add_argument("--limiter", choices=["redis", "memory"], default="redis")
+    ap.add_argument(
+        "--limiter", choices=["redis", "memory"], default="redis", help="where limits live (both)"
+    )
+    ap.add_argument(
+        "--litellm-limiter",
+        choices=["same", "redis", "memory"],
+        default="same",
+        help="LiteLLM's rate limits in Redis or in its worker's memory (default: as --limiter)",
+    )
     ap.add_argument("--skip-litellm", action="store_true")
     ap.add_argument(
         "--litellm",
@@ -454,6 +492,8 @@ def main() -> None:
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
     exe = None if args.skip_litellm else (find_litellm(args.litellm) or ensure_litellm())
+    litellm_limiter = args.limiter if args.litellm_limiter == "same" else args.litellm_limiter
+    redis_url = ls.redis_server_url() if "redis" in (args.limiter, litellm_limiter) else None
     la_start = load_avg()
     work = Path(tempfile.mkdtemp(prefix="lp-bench-gw-"))
     sims = start_simulators(1, extra_args=["--zero-latency", "--max-loras", "8", "--max-num-seqs", "1024"])
@@ -461,6 +501,8 @@ def main() -> None:
     try:
         sim_url = sims[0].url
         log(f"simulator {sim_url}; starting registry + gateway (limiter: {args.limiter}) …")
+        if exe is not None:
+            log(f"LiteLLM's limiter: {litellm_limiter}")
         ps, gw_url, key, models = setup_platform(work, sim_url, args.adapters, args.limiter)
         procs += ps
         mapping = lora_names(sim_url)
@@ -472,11 +514,12 @@ def main() -> None:
         }
         if exe is not None:
             log("starting LiteLLM (one worker) …")
-            lproc, lurl = start_litellm(exe, work, sim_url, {m: mapping[m] for m in models})
+            lurl_redis = ls.redis_server_url() if litellm_limiter == "redis" else None
+            lproc, lurl = start_litellm(exe, work, sim_url, {m: mapping[m] for m in models}, lurl_redis)
             procs.append(lproc)
             assert lproc.pid is not None
             targets["litellm"] = (f"{lurl}/v1/chat/completions", "sk-bench-tenant", models, lproc.pid)
-        rows = asyncio.run(measure(targets, concs, args.duration, profile, modes))
+        rows = asyncio.run(measure(targets, concs, args.duration, profile, modes, redis_url))
     finally:
         stop_procs(procs, grace_s=15)
         stop_all(sims)
@@ -518,6 +561,7 @@ def main() -> None:
             "duration_s": args.duration,
             "adapters": args.adapters,
             "limiter": args.limiter,
+            "litellm_limiter": litellm_limiter if exe else None,
             "litellm": litellm_version(exe) if exe else None,
             "max_tokens": 16,
         },
@@ -529,13 +573,14 @@ def main() -> None:
     print()
     print(
         f"{'mode':<7}{'conc':>5}  {'target':<8}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'+p99':>8}"
-        f"{'ttfb':>8}{'+ttfb':>8}{'cpu ms/req':>12}"
+        f"{'ttfb':>8}{'+ttfb':>8}{'cpu ms/req':>12}{'redis/req':>11}"
     )
     for r in rows:
         print(
             f"{'stream' if r['stream'] else 'plain':<7}{r['concurrency']:>5}  {r['target']:<8}{r['rps']:>9}"
             f"{fmt(r['p50_ms']):>9}{fmt(r['p99_ms']):>9}{fmt(r.get('added_p50_ms')):>8}{fmt(r.get('added_p99_ms')):>8}"
             f"{fmt(r['ttfb_p50_ms']):>8}{fmt(r.get('added_ttfb_p50_ms')):>8}{fmt(r.get('cpu_ms_per_req')):>12}"
+            f"{fmt(r.get('redis_cmds_per_req')):>11}"
         )
     print(f"\nsummary: {json.dumps(summary)}\nwrote {args.out}")
     shutil.rmtree(work, ignore_errors=True)

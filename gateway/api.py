@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -355,27 +354,13 @@ class GatewayApp:
         return result
 
     async def _settle(self, lease: Lease | None, actual_tokens: int | None) -> None:
-        rest = await self._begin_settle(lease, actual_tokens)
-        if rest is not None:
-            await self._end_settle(rest)
-
-    async def _begin_settle(self, lease: Lease | None, actual_tokens: int | None) -> Awaitable[None] | None:
         if lease is None:
-            return None
+            return
         try:
-            return await self.gw.limiter.begin_settle(lease, actual_tokens)
+            await self.gw.limiter.settle(lease, actual_tokens)
         except LimiterUnavailable:
             self.gw.limiter_failed(True)
         except Exception:  # settlement must never break an answer
-            log.exception("rate-limit settlement failed")
-        return None
-
-    async def _end_settle(self, rest: Awaitable[None]) -> None:
-        try:
-            await rest
-        except LimiterUnavailable:
-            self.gw.limiter_failed(True)
-        except Exception:
             log.exception("rate-limit settlement failed")
 
     @staticmethod

@@ -1,45 +1,52 @@
-"""Auto-pipelining for the limiter's Redis calls: many callers, one round trip.
+"""Auto-pipelining for the limiter's Redis calls: many callers, one connection, one write per
+event-loop step.
 
-Every command issued while a round trip is in flight (or in the same event-loop turn) goes out
-in the next one, on one dedicated connection: one socket write and one read for a whole batch of
-admissions and settlements, instead of a pooled connection, a retry wrapper and a timeout each.
-Each call stays its own command — an ``EVALSHA`` of the limiter's Lua script is still atomic in
-Redis, pipelining only shares the socket — and gets its own reply or its own error, in order.
+Every command issued in one event-loop step goes out in one socket write at the end of that
+step, on one dedicated connection, without waiting for the replies of earlier writes (Redis runs
+a connection's commands in the order they arrive and answers in that order): a reply is handed
+to the oldest call still waiting. Each call stays its own command — an ``EVALSHA`` of the
+limiter's Lua script is still atomic in Redis, pipelining only shares the socket — and gets its
+own reply or its own error.
 
-Failure handling, per batch:
+The connection is an :class:`asyncio.Protocol` feeding ``hiredis``'s reader (RESP2): no
+per-reply coroutine, timeout context or stream buffer. It is opened from the settings of the
+given redis-py client's pool (TCP, TLS or a Unix socket; AUTH, SELECT and the client name as
+redis-py sends them).
 
-- a connection error, a protocol error or running past the deadline fails every call of the
-  batch with a :class:`RoundTripError` (a ``RedisError``) and drops the connection, which is
-  reconnected by the next batch;
+Failure handling:
+
+- a connection that closes or breaks: the calls it had not answered are sent again on a new
+  connection (at most ``resends`` times each, as redis-py's retry would); a connection that
+  cannot be opened fails every call waiting for it with a :class:`RoundTripError` (a
+  ``RedisError``);
+- a protocol error, or a call left unanswered past its deadline (its start + ``timeout_s``):
+  the connection is dropped (its replies would be out of step) and every call sent on it and
+  not answered fails with a :class:`RoundTripError`; no caller waits longer than ``timeout_s``;
 - an error reply (``ResponseError``) fails only the call it answers;
-- ``NOSCRIPT`` (Redis lost its script cache): the scripts registered with :meth:`register_script`
-  are loaded and only the calls that got ``NOSCRIPT`` are sent again (they did not run).
+- ``NOSCRIPT`` (Redis lost its script cache): the scripts registered with
+  :meth:`register_script` are loaded and only the calls that got ``NOSCRIPT`` are sent again
+  (they did not run).
 
-The deadline of a batch is its oldest call's start + ``timeout_s``, so no caller waits longer
-than ``timeout_s`` for its answer, however many batches were queued before it. A caller that is
-cancelled before its batch is written is left out of it.
+A caller that is cancelled before its command is written is left out of the write.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 from collections import deque
-from collections.abc import Callable
-from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 Arg = str | bytes | int | float
 
 
 class RoundTripError(RedisError):
-    """The round trip carrying this call failed as a whole (connection, protocol, deadline)."""
+    """The connection carrying this call failed (connection, protocol, deadline)."""
 
 
 def pack(args: tuple[Arg, ...]) -> bytes:
@@ -48,20 +55,13 @@ def pack(args: tuple[Arg, ...]) -> bytes:
     return hiredis.pack_command(args)  # type: ignore[arg-type]  # its stub says a 1-tuple
 
 
-def _mark_sent(call: _Call) -> None:
-    sent = call.sent
-    if sent is not None and not sent.done():
-        sent.set_result(None)
-
-
-def _mark_all_sent(calls: list[_Call]) -> None:
-    for call in calls:
-        if call.sent is not None:
-            _mark_sent(call)
+def _error(reply: Exception) -> ResponseError:
+    msg = str(reply)
+    return NoScriptError(msg) if msg.startswith("NOSCRIPT") else ResponseError(msg)
 
 
 class _Call:
-    __slots__ = ("cmd", "fut", "sent", "t0")
+    __slots__ = ("cmd", "fut", "sent", "t0", "tries", "written")
 
     def __init__(
         self, cmd: bytes, fut: asyncio.Future[Any], t0: float, sent: asyncio.Future[None] | None = None
@@ -70,24 +70,62 @@ class _Call:
         self.fut = fut
         self.t0 = t0
         self.sent = sent  # done once the command is written (or the call has failed)
+        self.tries = 0  # writes so far
+        self.written = 0  # the write (its number) that carried it last
+
+
+def _mark_sent(call: _Call) -> None:
+    sent = call.sent
+    if sent is not None and not sent.done():
+        sent.set_result(None)
+
+
+class _Resp(asyncio.Protocol):
+    """One connection: hands every complete reply to the pipeline, in order."""
+
+    def __init__(self, pipe: AutoPipeline) -> None:
+        self._pipe = pipe
+        self._reader = hiredis.Reader()
+        self.transport: asyncio.Transport | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        on_reply = self._pipe._on_reply
+        try:
+            while (reply := reader.gets()) is not False:
+                on_reply(self, reply)
+        except hiredis.ProtocolError as e:
+            self._pipe._fail_connection(self, RoundTripError(f"protocol error: {e}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+        self._pipe._on_lost(self, exc)
 
 
 class AutoPipeline:
-    """Sends the commands given to :meth:`execute` in batches over one connection of ``redis``."""
+    """Sends the commands given to :meth:`execute` over one connection made like ``redis``'s."""
 
-    def __init__(
-        self, redis: aioredis.Redis, *, timeout_s: float, max_batch: int = 512, resends: int = 2
-    ) -> None:
+    def __init__(self, redis: aioredis.Redis, *, timeout_s: float, resends: int = 2) -> None:
         self._redis = redis
         self._timeout = timeout_s
-        self._max_batch = max_batch
         self._resends = resends
         self._scripts: dict[str, str] = {}  # sha1 → source, loaded again after NOSCRIPT
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: deque[_Call] = deque()
-        self._worker: asyncio.Task[None] | None = None
-        self._conn: Any = None  # redis.asyncio.connection.AbstractConnection, made on first use
-        self.round_trips = 0  # batches sent (tests, metrics)
+        self._outbox: deque[_Call] = deque()  # not written yet
+        self._inflight: deque[_Call | None] = deque()  # written, waiting for a reply (None: ours)
+        self._conn: _Resp | None = None  # the open connection, handshake done
+        self._opening: asyncio.Task[None] | None = None
+        self._flush_handle: asyncio.Handle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._writes = 0
+        self._loaded_at = -1  # the write that carried the last SCRIPT LOADs
+        self.round_trips = 0  # socket writes of commands (tests, metrics)
 
     def register_script(self, source: str) -> str:
         """Remember a Lua script (loaded again after ``NOSCRIPT``); returns its sha1 for EVALSHA."""
@@ -106,6 +144,8 @@ class AutoPipeline:
         sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         return sent, self._queue_call(args, sent)
 
+    # ------------------------------------------------------------------ queueing and writing
+
     def _queue_call(self, args: tuple[Arg, ...], sent: asyncio.Future[None] | None) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
@@ -114,140 +154,244 @@ class AutoPipeline:
         call = _Call(pack(args), fut, loop.time(), sent)
         if sent is not None:
             fut.add_done_callback(lambda _f: _mark_sent(call))  # failed or cancelled: not waiting
-        self._queue.append(call)
-        if self._worker is None:
-            self._worker = loop.create_task(self._drain())
+        self._outbox.append(call)
+        if self._flush_handle is None:
+            self._flush_handle = loop.call_soon(self._flush)
         return fut
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """First use, or a new event loop (tests): forget what belonged to the old one."""
         self._loop = loop
-        self._queue = deque()
-        self._worker = None
+        self._outbox = deque()
+        self._inflight = deque()
         self._conn = None
+        self._opening = None
+        self._flush_handle = None
+        self._timer = None
 
-    async def _drain(self) -> None:
-        queue = self._queue
-        try:
-            while queue:
-                batch: list[_Call] = []
-                while queue and len(batch) < self._max_batch:
-                    call = queue.popleft()
-                    if not call.fut.done():  # a cancelled caller is left out
-                        batch.append(call)
-                if batch:
-                    await self._round_trip(batch)
-        finally:
-            self._worker = None
-
-    async def _round_trip(self, batch: list[_Call]) -> None:
-        assert self._loop is not None
-        deadline = batch[0].t0 + self._timeout
-        replies: list[Any] = []  # in the order of ``batch``; may stop short on failure
-        try:
-            if self._loop.time() >= deadline:  # waited its whole timeout behind earlier batches
-                raise TimeoutError("no answer from Redis within the timeout")
-            async with asyncio.timeout_at(deadline):
-                await self._send(batch, replies)
-                missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
-                if missing and self._scripts:
-                    loads = [pack(("SCRIPT", "LOAD", src)) for src in self._scripts.values()]
-                    loaded: list[Any] = []
-                    await self._exchange(await self._connection(), loads, loaded)
-                    for r in loaded:
-                        if isinstance(r, Exception):
-                            raise r
-                    again: list[Any] = []
-                    await self._send([batch[i] for i in missing], again)
-                    for i, r in zip(missing, again, strict=True):
-                        replies[i] = r
-            self.round_trips += 1
-        except BaseException as e:
-            if not isinstance(e, ResponseError):  # e.g. past the deadline: replies may be out of step
-                await self._drop_connection()
-            for i, c in enumerate(batch):
-                if c.fut.done():
-                    continue
-                if i < len(replies) and not isinstance(replies[i], NoScriptError):
-                    self._answer(c, replies[i])  # answered before the failure
-                else:
-                    err = RoundTripError(f"{type(e).__name__}: {e}")
-                    err.__cause__ = e
-                    c.fut.set_exception(err)
-            if not isinstance(e, Exception):
-                raise  # cancelled (close) or exiting
+    def _flush(self) -> None:
+        """End of the loop step: write every queued call (a cancelled caller is left out)."""
+        self._flush_handle = None
+        conn = self._conn
+        if conn is None:
+            if self._outbox and self._opening is None:
+                assert self._loop is not None
+                self._opening = self._loop.create_task(self._open())
+            self._arm()
             return
-        for c, r in zip(batch, replies, strict=True):
-            if not c.fut.done():
-                self._answer(c, r)
+        calls = [c for c in self._outbox if not c.fut.done()]
+        self._outbox.clear()
+        if calls:
+            self._write(conn, calls)
 
-    @staticmethod
-    def _answer(call: _Call, reply: Any) -> None:
+    def _write(self, conn: _Resp, calls: list[_Call]) -> None:
+        assert conn.transport is not None
+        self._writes += 1
+        n = self._writes
+        for c in calls:
+            c.tries += 1
+            c.written = n
+        self._inflight.extend(calls)
+        conn.transport.write(calls[0].cmd if len(calls) == 1 else b"".join(c.cmd for c in calls))
+        self.round_trips += 1
+        for c in calls:
+            if c.sent is not None:
+                _mark_sent(c)
+        self._arm()
+
+    # ------------------------------------------------------------------ replies
+
+    def _on_reply(self, conn: _Resp, reply: Any) -> None:
+        if conn is not self._conn or not self._inflight:
+            return  # a connection given up on, or a reply nobody asked for: ignored
+        call = self._inflight.popleft()
+        if call is None:
+            return  # one of our own commands (SCRIPT LOAD)
+        if isinstance(reply, hiredis.ReplyError):
+            err = _error(reply)
+            if isinstance(err, NoScriptError) and self._scripts and call.tries <= self._resends:
+                self._send_again_with_scripts(conn, call)
+                return
+            reply = err
+        if call.fut.done():
+            return  # its caller went away meanwhile
         if isinstance(reply, Exception):
             call.fut.set_exception(reply)
         else:
             call.fut.set_result(reply)
 
-    async def _send(self, calls: list[_Call], replies: list[Any]) -> None:
-        """One exchange of ``calls``; after a broken connection (Redis restarted, a stale socket),
-        reconnect and send again the calls that got no reply yet, as redis-py's retry would."""
-        for attempt in range(self._resends + 1):
-            done = len(replies)
-            try:
-                conn = await self._connection()
-                todo = calls[done:]
-                await self._exchange(conn, [c.cmd for c in todo], replies, partial(_mark_all_sent, todo))
-                return
-            except (RedisConnectionError, OSError):
-                await self._drop_connection()
-                if attempt == self._resends:
-                    raise
+    def _send_again_with_scripts(self, conn: _Resp, call: _Call) -> None:
+        """``call`` got NOSCRIPT: load the scripts (once for all calls written before the last
+        load), then write it again."""
+        assert conn.transport is not None
+        if call.written > self._loaded_at:
+            loads = [pack(("SCRIPT", "LOAD", src)) for src in self._scripts.values()]
+            self._inflight.extend([None] * len(loads))
+            conn.transport.write(b"".join(loads))
+            self._loaded_at = self._writes + 1  # the write below, and every one before it
+        self._write(conn, [call])
 
-    async def _connection(self) -> Any:
-        conn = self._conn
-        if conn is None:
-            pool = self._redis.connection_pool
-            # No per-read/-write socket timeout (asyncio.wait_for and a timeout context per reply):
-            # the batch's deadline bounds the whole exchange. No retry policy of the pool's either:
-            # _send resends on a fresh connection itself (a refused connect must fail fast).
-            kwargs = {**pool.connection_kwargs, "socket_timeout": None, "retry": None}
-            conn = self._conn = pool.connection_class(**kwargs)
-        if not conn.is_connected:
-            await conn.connect()  # redis-py's connect: handshake, AUTH/SELECT
-        return conn
+    # ------------------------------------------------------------------ failures and deadlines
+
+    def _on_lost(self, conn: _Resp, exc: Exception | None) -> None:
+        """The connection closed or broke: its unanswered calls are written again on a new one."""
+        if conn is not self._conn:
+            return
+        self._conn = None
+        todo = [c for c in self._inflight if c is not None and not c.fut.done()]
+        self._inflight.clear()
+        err = RoundTripError(f"connection lost: {exc or 'closed by the server'}")
+        again = []
+        for c in todo:
+            if c.tries > self._resends:
+                self._fail(c, err)
+            else:
+                again.append(c)
+        self._outbox.extendleft(reversed(again))
+        if self._outbox:
+            self._flush()  # opens a new connection
+
+    def _fail_connection(self, conn: _Resp, err: RoundTripError) -> None:
+        """Give up on ``conn``: every call written on it and not answered fails with ``err``."""
+        if conn is self._conn:
+            self._conn = None
+            for c in self._inflight:
+                if c is not None:
+                    self._fail(c, err)
+            self._inflight.clear()
+        if conn.transport is not None:
+            conn.transport.abort()
 
     @staticmethod
-    async def _exchange(
-        conn: Any, cmds: list[bytes], out: list[Any], written: Callable[[], None] | None = None
-    ) -> None:
-        """Write ``cmds`` at once (then call ``written``), append one reply each to ``out`` (an error
-        reply is appended, not raised). A connection failure raises, leaving in ``out`` the replies
-        read before it."""
-        await conn.send_packed_command(cmds[0] if len(cmds) == 1 else b"".join(cmds), check_health=False)
-        if written is not None:
-            written()
-        for _ in cmds:
-            try:
-                out.append(await conn.read_response(disable_decoding=True))
-            except ResponseError as e:
-                out.append(e)
+    def _fail(call: _Call, err: RoundTripError) -> None:
+        if not call.fut.done():
+            e = RoundTripError(str(err))  # one exception object per caller
+            e.__cause__ = err.__cause__
+            call.fut.set_exception(e)
 
-    async def _drop_connection(self) -> None:
-        """After a failed round trip the replies may be out of step: start over on a new connection."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.disconnect(nowait=True)
+    def _oldest(self) -> float | None:
+        t = None
+        for q in (self._inflight, self._outbox):
+            for c in q:
+                if c is not None:
+                    t = c.t0 if t is None else min(t, c.t0)
+                    break
+        return t
+
+    def _arm(self) -> None:
+        if self._timer is None:
+            oldest = self._oldest()
+            if oldest is not None:
+                assert self._loop is not None
+                self._timer = self._loop.call_at(oldest + self._timeout, self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        self._timer = None
+        assert self._loop is not None
+        now = self._loop.time()
+        err = RoundTripError("TimeoutError: no answer from Redis within the timeout")
+        head = next((c for c in self._inflight if c is not None), None)
+        if head is not None and head.t0 + self._timeout <= now and self._conn is not None:
+            self._fail_connection(self._conn, err)  # silent: whatever comes next is out of step
+        while self._outbox and self._outbox[0].t0 + self._timeout <= now:
+            self._fail(self._outbox.popleft(), err)  # waited its whole time for a connection
+        self._arm()
+
+    # ------------------------------------------------------------------ the connection
+
+    async def _open(self) -> None:
+        try:
+            conn = await self._connect()
+        except Exception as e:
+            err = RoundTripError(f"{type(e).__name__}: {e}")
+            err.__cause__ = e
+            while self._outbox:  # everything waiting for this connection
+                self._fail(self._outbox.popleft(), err)
+            return
+        finally:
+            self._opening = None
+        self._conn = conn
+        if self._outbox:
+            self._flush()
+
+    async def _connect(self) -> _Resp:
+        """A new connection like the pool's (address, TLS, AUTH, SELECT, client name), RESP2."""
+        assert self._loop is not None
+        pool = self._redis.connection_pool
+        kw = pool.connection_kwargs
+        cls = pool.connection_class
+        connect_timeout = kw.get("socket_connect_timeout") or self._timeout
+        async with asyncio.timeout(min(connect_timeout, self._timeout)):
+            if issubclass(cls, UnixDomainSocketConnection):
+                _t, conn = await self._loop.create_unix_connection(lambda: _Resp(self), kw["path"])
+            else:
+                ssl = cls(**kw).ssl_context.get() if issubclass(cls, SSLConnection) else None
+                _t, conn = await self._loop.create_connection(
+                    lambda: _Resp(self), kw.get("host", "localhost"), int(kw.get("port", 6379)), ssl=ssl
+                )
+        hello: list[tuple[Arg, ...]] = []
+        if kw.get("password") is not None:
+            user = kw.get("username")
+            hello.append(("AUTH", user, kw["password"]) if user else ("AUTH", kw["password"]))
+        if kw.get("db"):
+            hello.append(("SELECT", int(kw["db"])))
+        if kw.get("client_name"):
+            hello.append(("CLIENT", "SETNAME", kw["client_name"]))
+        if hello:
+            await self._handshake(conn, hello)
+        return conn
+
+    async def _handshake(self, conn: _Resp, cmds: list[tuple[Arg, ...]]) -> None:
+        assert self._loop is not None and conn.transport is not None
+        got: asyncio.Future[list[Any]] = self._loop.create_future()
+        replies: list[Any] = []
+
+        class _Hello(asyncio.Protocol):
+            reader = hiredis.Reader()
+
+            def data_received(self, data: bytes) -> None:
+                self.reader.feed(data)
+                while (r := self.reader.gets()) is not False:
+                    replies.append(r)
+                if len(replies) >= len(cmds) and not got.done():
+                    got.set_result(replies)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                if not got.done():
+                    got.set_exception(ConnectionError(f"closed during the handshake: {exc}"))
+
+        conn.transport.set_protocol(_Hello())
+        try:
+            conn.transport.write(b"".join(pack(c) for c in cmds))
+            async with asyncio.timeout(self._timeout):
+                for r in await got:
+                    if isinstance(r, hiredis.ReplyError):
+                        raise _error(r)
+        except BaseException:
+            conn.transport.abort()
+            raise
+        conn.transport.set_protocol(conn)
 
     async def aclose(self) -> None:
         """Fail the calls in flight or queued and close the connection. Like a redis-py client,
         the pipeline stays usable: a later call connects again."""
-        worker, self._worker = self._worker, None
-        if worker is not None and not worker.done():
-            worker.cancel()
-            await asyncio.gather(worker, return_exceptions=True)
-        while self._queue:
-            c = self._queue.popleft()
-            if not c.fut.done():
-                c.fut.set_exception(RoundTripError("the rate-limit pipeline is closed"))
-        await self._drop_connection()
+        opening, self._opening = self._opening, None
+        if opening is not None and not opening.done():
+            opening.cancel()
+            await asyncio.gather(opening, return_exceptions=True)
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        err = RoundTripError("the rate-limit pipeline is closed")
+        conn, self._conn = self._conn, None
+        for c in [*self._inflight, *self._outbox]:
+            if c is not None:
+                self._fail(c, err)
+        self._inflight.clear()
+        self._outbox.clear()
+        if conn is not None and conn.transport is not None:
+            conn.transport.close()
+            await asyncio.wait([conn.lost], timeout=1.0)

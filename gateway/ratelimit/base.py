@@ -21,7 +21,6 @@ releases the concurrency slot. Settling is idempotent.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -121,15 +120,9 @@ class Limiter(Protocol):
         ...
 
     async def settle(self, lease: Lease, actual_tokens: int | None) -> None:
-        """Correct tpm by the real usage (None: keep the estimate) and release the slot. Idempotent."""
-        ...
-
-    async def begin_settle(self, lease: Lease, actual_tokens: int | None) -> Awaitable[None] | None:
-        """:meth:`settle` in two steps: returns once the settlement is ordered before anything a
-        client can do next (Redis: written on the connection, so any later admission, from any
-        process, runs after it) with what is left to wait for (its outcome, raising
-        LimiterUnavailable), or None when nothing is left. The gateway sends the answer between
-        the two, so the store's round trip is not on the client's path."""
+        """Correct tpm by the real usage (None: keep the estimate) and release the slot; returns once
+        the store has done it, so whatever the client does next (at any gateway) sees it. Idempotent.
+        A settlement whose caller is cancelled still goes to the store."""
         ...
 
     async def healthy(self) -> bool: ...

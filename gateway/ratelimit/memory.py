@@ -6,7 +6,7 @@ Everything in :meth:`admit` runs without awaiting, so it is atomic on the event 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from gateway.ratelimit.base import AdmissionPlan, AdmitResult, Bucket, BucketState, Lease, lease_for
 
@@ -80,10 +80,6 @@ class MemoryLimiter:
                 held.discard(lease.lease_id)
                 if not held:
                     del self._slots[key]
-
-    async def begin_settle(self, lease: Lease, actual_tokens: int | None) -> Awaitable[None] | None:
-        await self.settle(lease, actual_tokens)  # in process: done at once
-        return None
 
     def in_use(self, concurrency_key: str) -> int:
         """Open concurrency slots (for tests and /readyz)."""

@@ -16,9 +16,10 @@ request holds a slot (it frees when that request ends), otherwise the time until
 slot of a process that stopped renewing (one not renewed for ``2 * lease_s / 3``, a whole
 renewal period late) expires; 60 s for a limit of 0 (never admits, like a tpm cost over capacity).
 
-The scripts go through an :class:`~gateway.ratelimit.autopipe.AutoPipeline`: concurrent
-admissions and settlements share one round trip on one connection (each still its own atomic
-``EVALSHA``, with its own reply or error), and no caller waits longer than ``timeout_s``.
+The scripts go through an :class:`~gateway.ratelimit.autopipe.AutoPipeline`: the admissions and
+settlements of one event-loop step share one write on one pipelined connection (each still its
+own atomic ``EVALSHA``, with its own reply or error), and no caller waits longer than
+``timeout_s``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -267,39 +267,27 @@ class RedisLimiter:
         return self._states(bare, await self._call(bare, "peek", dry=True))
 
     async def settle(self, lease: Lease, actual_tokens: int | None) -> None:
-        rest = await self.begin_settle(lease, actual_tokens)
-        if rest is not None:
-            await rest
-
-    async def begin_settle(self, lease: Lease, actual_tokens: int | None) -> Awaitable[None] | None:
         if lease.settled:
-            return None
+            return
         lease.settled = True
         self._held.pop(lease.lease_id, None)
         delta = 0 if actual_tokens is None else actual_tokens - lease.estimated_tokens
         buckets = lease.token_buckets if delta else ()
         if not buckets and not lease.slot_keys:
-            return None
+            return
         keys = [self._prefix + b.key for b in buckets]
         keys += [self._prefix + k for k in lease.slot_keys]
         args: list[str | int | float] = [len(buckets), len(lease.slot_keys), lease.lease_id]
         for b in buckets:
             args += [b.limit, delta]
-        sent, reply = self._pipe.execute_sent("EVALSHA", self._settle, len(keys), *keys, *args)
+        reply = self._pipe.execute("EVALSHA", self._settle, len(keys), *keys, *args)
         try:
-            await sent
-        except BaseException:
-            # Cancelled while waiting (the client went away): the settlement still goes out
-            # (the lease is no longer renewed: left out, its slot would stay taken until it
-            # expired); nobody waits for its reply.
-            reply.add_done_callback(_discard)
+            # shielded: cancelled (the client went away), the settlement still goes out — the
+            # lease is no longer renewed, so left out its slot would stay taken until it expired
+            await asyncio.shield(reply)
+        except asyncio.CancelledError:
+            reply.add_done_callback(_discard)  # nobody waits for its reply
             raise
-        return self._outcome(reply)
-
-    @staticmethod
-    async def _outcome(reply: asyncio.Future[object]) -> None:
-        try:
-            await reply
         except (RedisError, OSError, TimeoutError) as e:
             raise _unavailable(e) from e
 

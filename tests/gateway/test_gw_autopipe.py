@@ -152,8 +152,7 @@ async def test_killed_connection_is_replaced_transparently(limiter: RedisLimiter
     assert (await limiter.admit(plan(rpm=10))).admitted
     r = make_redis(redis_url)
     name = "lp-autopipe-victim"
-    await limiter._pipe._conn.send_command("CLIENT", "SETNAME", name)
-    assert await limiter._pipe._conn.read_response() == b"OK"
+    assert await limiter._pipe.execute("CLIENT", "SETNAME", name) == b"OK"  # on the pipeline's connection
     killed = await r.execute_command("CLIENT", "KILL", "SKIPME", "yes", "ID", await _client_id(r, name))
     assert killed == 1
     results = await asyncio.gather(*[limiter.admit(plan(rpm=10)) for _ in range(3)])
@@ -318,3 +317,104 @@ async def test_redis_stopped_then_back(tmp_path: Path) -> None:
     finally:
         await lim.close()
         proc.stop()
+
+
+async def test_writes_do_not_wait_for_earlier_replies(redis_url: str, redis_prefix: str) -> None:
+    """A command issued while an earlier one is still running in Redis is written at once (not
+    after its reply), and its reply still comes in order, after the earlier one's."""
+    r = make_redis(redis_url)
+    pipe = AutoPipeline(r, timeout_s=5)
+    blocked = pipe.execute("BLPOP", f"{redis_prefix}never", "0.4")
+    await asyncio.sleep(0.05)
+    assert pipe.round_trips == 1
+    later = pipe.execute("INCR", f"{redis_prefix}n")
+    await asyncio.sleep(0.05)
+    assert pipe.round_trips == 2 and not blocked.done() and not later.done()  # written, waiting
+    order: list[str] = []
+    blocked.add_done_callback(lambda _f: order.append("blpop"))
+    later.add_done_callback(lambda _f: order.append("incr"))
+    assert await later == 1 and await blocked is None
+    assert order == ["blpop", "incr"]
+    await pipe.aclose()
+    await r.aclose()
+
+
+async def test_protocol_error_fails_its_calls_and_the_next_call_reconnects() -> None:
+    class Garbage(FakeRedis):
+        async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            if self.connections == 1:
+                await reader.readline()
+                writer.write(b"?not resp\r\n")  # not a RESP type byte
+                await writer.drain()
+                await asyncio.sleep(1)
+                writer.close()
+                return
+            await super()._conn(reader, writer)
+
+    fake = Garbage()
+    r = _client(await fake.start())
+    pipe = AutoPipeline(r, timeout_s=5)
+    with pytest.raises(RoundTripError, match="protocol error"):
+        await pipe.execute("GET", "a")
+    assert await pipe.execute("GET", "b") == 1  # a new connection
+    await pipe.aclose()
+    await r.aclose()
+    await fake.stop()
+
+
+async def test_connection_made_like_the_clients_password_db_and_name(tmp_path: Path) -> None:
+    """AUTH (user and password), SELECT and CLIENT SETNAME from the client's URL, as redis-py
+    sends them; a wrong password fails the calls, not the process."""
+    port = free_port()
+    proc = ManagedProcess(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path), "--requirepass", "s3cret"],
+        log_path=tmp_path / "redis.log",
+    ).start()  # fmt: skip
+    try:
+        proc.wait_ready(tcp_ready("127.0.0.1", port, timeout=0.1), 15)
+        for url in (f"redis://:s3cret@127.0.0.1:{port}/3", f"redis://default:s3cret@127.0.0.1:{port}/3"):
+            r = aioredis.Redis.from_url(url + "?client_name=lp-limiter")
+            pipe = AutoPipeline(r, timeout_s=5)
+            assert await pipe.execute("SET", "k", url) == b"OK"
+            assert await pipe.execute("CLIENT", "GETNAME") == b"lp-limiter"
+            assert await r.get("k") == url.encode()  # same database as the client's
+            await pipe.aclose()
+            await r.aclose()
+        other_db = aioredis.Redis.from_url(f"redis://:s3cret@127.0.0.1:{port}/0")
+        assert await other_db.get("k") is None
+        await other_db.aclose()
+        bad = aioredis.Redis.from_url(f"redis://:wrong@127.0.0.1:{port}/0")
+        pipe = AutoPipeline(bad, timeout_s=5)
+        with pytest.raises(RoundTripError, match=r"WRONGPASS|invalid"):
+            await pipe.execute("GET", "k")
+        await pipe.aclose()
+        await bad.aclose()
+    finally:
+        proc.stop()
+
+
+def test_under_uvloop_as_in_the_gateway(redis_url: str, redis_prefix: str) -> None:
+    """The gateway runs on uvloop (its transports are not asyncio's classes): calls in one step,
+    a database chosen by the URL (the handshake swaps the connection's protocol), a connection
+    killed by the server and replaced."""
+    import uvloop
+
+    async def scenario() -> None:
+        base = redis_url.rsplit("/", 1)[0] if redis_url.count("/") > 2 else redis_url
+        r = aioredis.Redis.from_url(f"{base}/2")
+        pipe = AutoPipeline(r, timeout_s=5)
+        key = f"{redis_prefix}uv"
+        got = await asyncio.gather(*[pipe.execute("INCR", key) for _ in range(50)])
+        assert got == list(range(1, 51)) and pipe.round_trips == 1
+        assert await r.get(key) == b"50"  # database 2, like the client
+        assert await pipe.execute("CLIENT", "SETNAME", "lp-uv-victim") == b"OK"
+        victim = next(c["id"] for c in await r.client_list() if c.get("name") == "lp-uv-victim")
+        assert await r.execute_command("CLIENT", "KILL", "ID", victim) == 1
+        assert await asyncio.gather(*[pipe.execute("INCR", key) for _ in range(3)]) == [51, 52, 53]
+        await r.delete(key)
+        await pipe.aclose()
+        await r.aclose()
+
+    uvloop.run(scenario())

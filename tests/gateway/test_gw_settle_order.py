@@ -1,12 +1,14 @@
 """The settlement of an answer (tokens corrected, concurrency slot released) is done before the
 client can see the answer's end — a whole answer's body, a stream's ``[DONE]`` event — so its next
 request, at any gateway, finds its slot free; a settlement whose request is cancelled still goes
-out; the limiter's two-step ``begin_settle`` against a dead store and in process."""
+out (cancelled before it is written, or while its reply waits); a settlement against a dead
+store, and in process."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+
+import pytest
 
 from gateway.ratelimit import AdmissionPlan, LimiterUnavailable, MemoryLimiter, RedisLimiter, make_plan
 from gateway.ratelimit.base import lease_for
@@ -17,18 +19,12 @@ def _plan() -> AdmissionPlan:
     return make_plan(tenant_id="t", rpm=None, tpm=1_000_000, max_concurrency=1, estimated_tokens=10)
 
 
-async def test_begin_settle_against_a_dead_store_raises_limiter_unavailable() -> None:
+async def test_settle_against_a_dead_store_raises_limiter_unavailable() -> None:
     lim = RedisLimiter(make_redis("redis://127.0.0.1:1/0"), prefix="x:", lease_s=30, timeout_s=1)
     lease = make_plan(tenant_id="t", rpm=None, tpm=None, max_concurrency=1, estimated_tokens=1)
-    rest = None
     try:
-        rest = await lim.begin_settle(lease_for(lease, "p:1"), None)
-        assert rest is not None
-        await rest
-    except LimiterUnavailable as e:
-        assert "unreachable" in str(e)
-    else:
-        raise AssertionError("a settlement against a dead store did not fail")
+        with pytest.raises(LimiterUnavailable, match="unreachable"):
+            await lim.settle(lease_for(lease, "p:1"), None)
     finally:
         await lim.close()
 
@@ -38,7 +34,7 @@ async def test_memory_limiter_settles_at_once() -> None:
     r = await lim.admit(_plan())
     assert r.admitted and r.lease is not None
     assert not (await lim.admit(_plan())).admitted  # max_concurrency 1: held
-    assert await lim.begin_settle(r.lease, 5) is None
+    await lim.settle(r.lease, 5)
     assert (await lim.admit(_plan())).admitted  # released at once
 
 
@@ -120,27 +116,26 @@ async def test_a_stream_frees_its_slot_before_the_client_sees_done(redis_url: st
     await _slot_free_at_the_end(redis_url, redis_prefix, stream=True)
 
 
-async def test_a_settlement_cancelled_while_queued_still_releases_the_slot(
-    redis_url: str, redis_prefix: str
-) -> None:
-    """The request is cancelled (its client went away) while its settlement waits behind a round
-    trip in flight: the settlement still goes out, so the slot is free once it has, not after the
-    lease expires."""
+async def _cancelled_settlement_releases(redis_url: str, redis_prefix: str, *, behind_blocking: bool) -> None:
     a = RedisLimiter(make_redis(redis_url), prefix=redis_prefix, lease_s=30, timeout_s=5, process_id="a")
     b = RedisLimiter(make_redis(redis_url), prefix=redis_prefix, lease_s=30, timeout_s=5, process_id="b")
     try:
         plan = _plan()
         held = await a.admit(plan)
         assert held.lease is not None
-        busy = a._pipe.execute("BLPOP", redis_prefix + "never", "0.3")
-        await asyncio.sleep(0.05)
-        settling = asyncio.create_task(a.begin_settle(held.lease, None))
-        await asyncio.sleep(0.05)
+        busy = None
+        if behind_blocking:  # Redis runs the settlement only after this command of the same connection
+            busy = a._pipe.execute("BLPOP", redis_prefix + "never", "0.3")
+            await asyncio.sleep(0.05)
+        settling = asyncio.create_task(a.settle(held.lease, None))
+        await asyncio.sleep(0.05 if behind_blocking else 0)  # written and waiting / queued, not written
+        assert not settling.done()
         settling.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        with pytest.raises(asyncio.CancelledError):
             await settling
-        assert await busy is None
-        for _ in range(50):  # the settlement's batch follows the BLPOP's
+        if busy is not None:
+            assert await busy is None
+        for _ in range(50):
             r = await b.admit(plan)
             if r.admitted:
                 break
@@ -149,3 +144,19 @@ async def test_a_settlement_cancelled_while_queued_still_releases_the_slot(
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_settlement_cancelled_before_it_is_written_still_releases_the_slot(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """The request is cancelled (its client went away) in the loop step its settlement was queued
+    in: the settlement still goes out, so the slot is free then, not after the lease expires."""
+    await _cancelled_settlement_releases(redis_url, redis_prefix, behind_blocking=False)
+
+
+async def test_a_settlement_cancelled_while_its_reply_waits_still_releases_the_slot(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Cancelled while Redis has not run the settlement yet (it waits behind a blocking command of
+    the same connection): it still runs, and nothing is left unretrieved."""
+    await _cancelled_settlement_releases(redis_url, redis_prefix, behind_blocking=True)
