@@ -1,12 +1,13 @@
-"""Auto-pipelining for the limiter's Redis calls: many callers, one connection, one write per
-event-loop step.
+"""Auto-pipelining for the limiter's Redis calls: many callers, one connection, one write at a
+time.
 
-Every command issued in one event-loop step goes out in one socket write at the end of that
-step, on one dedicated connection, without waiting for the replies of earlier writes (Redis runs
-a connection's commands in the order they arrive and answers in that order): a reply is handed
-to the oldest call still waiting. Each call stays its own command — an ``EVALSHA`` of the
-limiter's Lua script is still atomic in Redis, pipelining only shares the socket — and gets its
-own reply or its own error.
+The commands issued in one event-loop step go out in one socket write at the end of that step,
+on one dedicated connection; commands issued while a write's replies are still coming are
+written together as soon as the last of them is in (under load, one write and one Redis
+wake-up carry many calls; alone, a call goes out at the end of its step). A reply is handed to
+the oldest call still waiting (Redis answers a connection's commands in order). Each call stays
+its own command — an ``EVALSHA`` of the limiter's Lua script is still atomic in Redis,
+pipelining only shares the socket — and gets its own reply or its own error.
 
 The connection is an :class:`asyncio.Protocol` feeding ``hiredis``'s reader (RESP2): no
 per-reply coroutine, timeout context or stream buffer. It is opened from the settings of the
@@ -101,6 +102,7 @@ class _Resp(asyncio.Protocol):
                 on_reply(self, reply)
         except hiredis.ProtocolError as e:
             self._pipe._fail_connection(self, RoundTripError(f"protocol error: {e}"))
+        self._pipe._replies_in()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.lost.done():
@@ -179,6 +181,8 @@ class AutoPipeline:
                 self._opening = self._loop.create_task(self._open())
             self._arm()
             return
+        if self._inflight:
+            return  # the next write goes when the replies of the last one are in
         calls = [c for c in self._outbox if not c.fut.done()]
         self._outbox.clear()
         if calls:
@@ -219,6 +223,10 @@ class AutoPipeline:
             call.fut.set_exception(reply)
         else:
             call.fut.set_result(reply)
+
+    def _replies_in(self) -> None:
+        if not self._inflight and self._outbox and self._flush_handle is None:
+            self._flush()
 
     def _send_again_with_scripts(self, conn: _Resp, call: _Call) -> None:
         """``call`` got NOSCRIPT: load the scripts (once for all calls written before the last
@@ -261,6 +269,8 @@ class AutoPipeline:
             self._inflight.clear()
         if conn.transport is not None:
             conn.transport.abort()
+        if self._outbox and self._flush_handle is None:
+            self._flush()  # what waited behind it goes on a new connection
 
     @staticmethod
     def _fail(call: _Call, err: RoundTripError) -> None:
