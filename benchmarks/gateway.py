@@ -9,7 +9,9 @@ generous rpm/tpm; ``--adapters`` adapters made resident before measuring. LiteLL
 (``litellm[proxy]==1.108.*`` in its own virtualenv: ``--litellm`` or ``$LORAPLANE_LITELLM``, else
 ``<repo>/.venv-litellm``, else installed by this script into ``$LORAPLANE_BENCH_DIR``; one worker,
 ``LITELLM_LOCAL_MODEL_COST_MAP=True``) routes the same model names to the same replica
-(``openai/<lora_name>``), with a virtual key and an rpm limit from its ``custom_auth`` hook.
+(``openai/<lora_name>``), with a virtual key whose rpm, tpm and parallel-request limits come
+from its ``custom_auth`` hook, kept in the same Redis as loraplane's (``coordination_redis``) or,
+with ``--limiter memory`` / ``--litellm-limiter memory``, in its worker's memory.
 
 Load: an aiohttp client, closed loop, ``--concurrency`` connections for ``--duration`` seconds,
 chat completions round-robin over the adapters, non-streaming and streaming. Reported per
@@ -23,7 +25,8 @@ gateway with py-spy during its rows (one collapsed-stack file per row). Writes
 ``benchmarks/results/gateway.json``.
 
     .venv/bin/python benchmarks/gateway.py [--concurrency 1,32,128] [--duration 5] [--skip-litellm]
-        [--litellm PATH] [--modes plain,stream] [--profile DIR]
+        [--litellm PATH] [--limiter redis|memory] [--litellm-limiter same|redis|memory]
+        [--modes plain,stream] [--profile DIR]
 """
 
 from __future__ import annotations
