@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from kit.aio import cancel_all
 from registry.canary.counters import ANSWERS_KEPT, KEY_TTL_S, ArmCounts, answers_key, counter_key
 from registry.canary.sketch import bucket_of
 
@@ -199,9 +200,7 @@ class RedisCanaryRecorder:
     async def close(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_all([task])
         await self.flush()
         if self.owns_redis:
             await self.redis.aclose()

@@ -25,7 +25,6 @@ counters themselves are shared, so nothing recorded is lost, only the baseline m
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from kit.aio import cancel_all
 from kit.db import session_scope
 from kit.errors import LoraplaneError
 from registry.canary import actions
@@ -100,9 +100,7 @@ class CanaryAnalyser:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_all([task])
         await self.lease.release()
         self.metrics.leader.set(0)
 
