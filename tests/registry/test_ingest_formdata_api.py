@@ -6,52 +6,29 @@ Content-Length, an RFC preamble and epilogue are ignored."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from kit.localservices import S3Server
 from registry.adapter_factory import write_adapter
 from registry.ingest.common import MULTIPART_SLACK
-from registry.storage import make_store
 from registry.storage.local import LocalArtifactStore
-from registry.storage.s3 import S3ArtifactStore
+from tests.registry import test_ingest_stream
 from tests.registry.core_support import AUTH, make_settings, seed_adapter
 from tests.registry.test_ingest_stream import (
     BOUNDARY,
     MB,
     Harness,
     adapter_parts,
-    local_leftovers,
     multipart,
-    s3_leftovers,
-    s3_settings,
 )
 
 DELIM = f"\r\n--{BOUNDARY}".encode()
 
-
-@pytest.fixture
-def local_h(tmp_path: Path) -> Harness:
-    store = LocalArtifactStore(tmp_path / "art")
-    return Harness(store, lambda: local_leftovers(store))
-
-
-@pytest.fixture
-def s3_h(s3_server: S3Server, s3_bucket: str) -> Iterator[Harness]:
-    store = make_store(s3_settings(s3_server, s3_bucket))
-    assert isinstance(store, S3ArtifactStore)
-    yield Harness(store, lambda: s3_leftovers(s3_server, s3_bucket))
-    store.close()
-
-
-@pytest.fixture(params=["local", "s3"])
-def h(request: pytest.FixtureRequest) -> Harness:
-    return request.getfixturevalue(f"{request.param}_h")
+# the same store fixtures as the streaming ingest's tests: local and a real S3 server
+local_h, s3_h, h = test_ingest_stream.local_h, test_ingest_stream.s3_h, test_ingest_stream.h
 
 
 async def test_a_delimiter_followed_by_junk_late_in_a_big_file_is_refused(h: Harness, tmp_path: Path) -> None:
