@@ -364,17 +364,23 @@ async def test_protocol_error_fails_its_calls_and_the_next_call_reconnects() -> 
 
 async def test_connection_made_like_the_clients_password_db_and_name(tmp_path: Path) -> None:
     """AUTH (user and password), SELECT and CLIENT SETNAME from the client's URL, as redis-py
-    sends them; a wrong password fails the calls, not the process."""
+    sends them, over TCP and a Unix socket; a wrong password fails the calls, not the process."""
     port = free_port()
+    sock = tmp_path / "redis.sock"
     proc = ManagedProcess(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(tmp_path), "--requirepass", "s3cret"],
+         "--dir", str(tmp_path), "--requirepass", "s3cret", "--unixsocket", str(sock)],
         log_path=tmp_path / "redis.log",
     ).start()  # fmt: skip
     try:
         proc.wait_ready(tcp_ready("127.0.0.1", port, timeout=0.1), 15)
-        for url in (f"redis://:s3cret@127.0.0.1:{port}/3", f"redis://default:s3cret@127.0.0.1:{port}/3"):
-            r = aioredis.Redis.from_url(url + "?client_name=lp-limiter")
+        urls = (
+            f"redis://:s3cret@127.0.0.1:{port}/3?client_name=lp-limiter",
+            f"redis://default:s3cret@127.0.0.1:{port}/3?client_name=lp-limiter",
+            f"unix://{sock}?db=3&password=s3cret&client_name=lp-limiter",
+        )
+        for url in urls:
+            r = aioredis.Redis.from_url(url)
             pipe = AutoPipeline(r, timeout_s=5)
             assert await pipe.execute("SET", "k", url) == b"OK"
             assert await pipe.execute("CLIENT", "GETNAME") == b"lp-limiter"
