@@ -391,14 +391,11 @@ class GatewayApp:
             ctx.t_last = now
             ctx.chunks += 1
 
-        settled: list[bool] = []  # settled before the last event was passed on
-
         async def before_end() -> None:
             # Like a whole answer: settled before the client can see the stream's end (its usage
             # is known by then), so the client's next request finds its slot free.
             self._usage(ctx, result)
             await self._settle(lease, self._total(ctx))
-            settled.append(True)
 
         async def finalize(disconnected: bool) -> None:
             aclose = getattr(result.stream, "aclose", None)
@@ -414,8 +411,9 @@ class GatewayApp:
                 ctx.error = result.stream_error
                 ctx.status = 504 if result.stream_error == "upstream_timeout" else 502
             self._usage(ctx, result)
-            if not settled:  # ended (or the client left) before the last event
-                await self._settle(lease, self._total(ctx))
+            # a no-op when before_end has settled (settling is idempotent); else the stream ended,
+            # or the client left, before the last event
+            await self._settle(lease, self._total(ctx))
             self._finish(ctx)
 
         await stream_out(

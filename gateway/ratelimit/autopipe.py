@@ -62,23 +62,14 @@ def _error(reply: Exception) -> ResponseError:
 
 
 class _Call:
-    __slots__ = ("cmd", "fut", "sent", "t0", "tries", "written")
+    __slots__ = ("cmd", "fut", "t0", "tries", "written")
 
-    def __init__(
-        self, cmd: bytes, fut: asyncio.Future[Any], t0: float, sent: asyncio.Future[None] | None = None
-    ) -> None:
+    def __init__(self, cmd: bytes, fut: asyncio.Future[Any], t0: float) -> None:
         self.cmd = cmd
         self.fut = fut
         self.t0 = t0
-        self.sent = sent  # done once the command is written (or the call has failed)
         self.tries = 0  # writes so far
         self.written = 0  # the write (its number) that carried it last
-
-
-def _mark_sent(call: _Call) -> None:
-    sent = call.sent
-    if sent is not None and not sent.done():
-        sent.set_result(None)
 
 
 class _Resp(asyncio.Protocol):
@@ -137,29 +128,16 @@ class AutoPipeline:
 
     def execute(self, *args: Arg) -> asyncio.Future[Any]:
         """Queue one command; the future gets its raw reply (bytes undecoded) or its error."""
-        return self._queue_call(args, None)
-
-    def execute_sent(self, *args: Arg) -> tuple[asyncio.Future[None], asyncio.Future[Any]]:
-        """Like :meth:`execute`, plus a future done once the command is written on the connection
-        (or has failed): every command any client sends Redis after that moment is executed after
-        this one, since Redis runs commands in the order they reach it."""
-        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        return sent, self._queue_call(args, sent)
-
-    # ------------------------------------------------------------------ queueing and writing
-
-    def _queue_call(self, args: tuple[Arg, ...], sent: asyncio.Future[None] | None) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
         fut = loop.create_future()
-        call = _Call(pack(args), fut, loop.time(), sent)
-        if sent is not None:
-            fut.add_done_callback(lambda _f: _mark_sent(call))  # failed or cancelled: not waiting
-        self._outbox.append(call)
+        self._outbox.append(_Call(pack(args), fut, loop.time()))
         if self._flush_handle is None:
             self._flush_handle = loop.call_soon(self._flush)
         return fut
+
+    # ------------------------------------------------------------------ queueing and writing
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """First use, or a new event loop (tests): forget what belonged to the old one."""
@@ -198,9 +176,6 @@ class AutoPipeline:
         self._inflight.extend(calls)
         conn.transport.write(calls[0].cmd if len(calls) == 1 else b"".join(c.cmd for c in calls))
         self.round_trips += 1
-        for c in calls:
-            if c.sent is not None:
-                _mark_sent(c)
         self._arm()
 
     # ------------------------------------------------------------------ replies
