@@ -157,7 +157,12 @@ def test_planner_with_the_index_decides_as_the_full_pass() -> None:
     store = planner._store
     pool = states[0].pool
     compared = 0
-    for k in range(1500):
+    k = -1
+    # until 1,300 decisions were compared (how many requests that takes varies with the hash seed:
+    # set order changes which replicas fill up; ~1,500 requests, 2,000 at most)
+    while compared < 1300:
+        k += 1
+        assert k < 2000, f"only {compared} of {k} requests placed: the cluster ran out of capacity"
         info = infos[rng.choices(range(len(infos)), weights=weights)[0]]
         if rng.random() < 0.05:
             info = None  # base model
@@ -206,7 +211,6 @@ def test_planner_with_the_index_decides_as_the_full_pass() -> None:
             pool.reserved_hot_slots = 1 - pool.reserved_hot_slots
         elif roll < 0.6:
             planner._hot.targets = {i.lora_name: rng.randint(1, 3) for i in rng.sample(infos, 5)}
-    assert compared > 1200
 
 
 def test_small_clusters_take_the_full_pass_and_the_index_starts_at_its_threshold() -> None:
