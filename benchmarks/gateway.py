@@ -26,7 +26,10 @@ gateway with py-spy during its rows (one collapsed-stack file per row). Writes
 
     .venv/bin/python benchmarks/gateway.py [--concurrency 1,32,128] [--duration 5] [--skip-litellm]
         [--litellm PATH] [--limiter redis|memory] [--litellm-limiter same|redis|memory]
-        [--modes plain,stream] [--profile DIR]
+        [--modes plain,stream] [--rounds N] [--profile DIR]
+
+``--rounds N`` runs every (mode, concurrency) N times with all targets in turn each time; the
+summary gives each round's LiteLLM-over-gateway ratios and their median.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import os
 import platform
 import secrets
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -417,53 +421,126 @@ async def measure(
     profile: Path | None = None,
     modes: tuple[bool, ...] = (False, True),
     redis_url: str | None = None,
+    rounds: int = 1,
 ) -> list[dict[str, Any]]:
     """Each row also counts the commands the Redis server ran during it, per request (with
-    ``redis_url``): what each target asks of Redis per request (its background work included)."""
+    ``redis_url``): what each target asks of Redis per request (its background work included).
+    With ``rounds`` > 1 every (mode, concurrency) runs all targets in turn that many times, so
+    each round's ratios compare rows taken side by side."""
     rows = []
     for stream in modes:
         for c in concs:
-            base: dict[str, Any] | None = None
-            for name, (url, key, models, pid) in targets.items():
-                spy = None
-                if profile is not None and name == "gateway":
-                    spy = start_profile(pid, profile / f"gateway-{'stream' if stream else 'plain'}-c{c}.txt")
-                    await asyncio.sleep(1.0)  # py-spy attached before the load starts
-                la0 = load_avg()
-                cmds0 = redis_commands(redis_url)
-                cpu0 = cpu_seconds(pid)
-                res = await run_load(url, key, models, concurrency=c, duration=duration, stream=stream)
-                cpu = cpu_seconds(pid) - cpu0
-                cmds = redis_commands(redis_url) - cmds0
-                if spy is not None:
-                    spy.send_signal(2)  # SIGINT: py-spy writes its file and exits
-                    spy.wait(30)
-                res["cpu_ms_per_req"] = round(cpu * 1000 / res["completed"], 3) if res["completed"] else None
-                res["load_avg_1m"] = [la0[0], load_avg()[0]]
-                if redis_url is not None and res["completed"]:
-                    res["redis_cmds_per_req"] = round(cmds / res["completed"], 2)
-                row = {"target": name, "stream": stream, "concurrency": c, **res}
-                if name == "direct":
-                    base = res
-                elif base and res["p50_ms"] is not None and base["p50_ms"] is not None:
-                    row["added_p50_ms"] = round(res["p50_ms"] - base["p50_ms"], 3)
-                    row["added_p99_ms"] = round(res["p99_ms"] - base["p99_ms"], 3)
-                    if stream and res["ttfb_p50_ms"] is not None and base["ttfb_p50_ms"] is not None:
-                        row["added_ttfb_p50_ms"] = round(res["ttfb_p50_ms"] - base["ttfb_p50_ms"], 3)
-                log(
-                    f"{'stream' if stream else 'plain '} c={c:<4} {name:<8} {res['rps']:>8} req/s"
-                    f"  p50 {fmt(res['p50_ms'])} ms  p99 {fmt(res['p99_ms'])} ms"
-                    f"  ttfb {fmt(res['ttfb_p50_ms'])} ms  cpu {fmt(res['cpu_ms_per_req'])} ms/req"
-                    f"  errors {res['errors']}"
-                )
-                rows.append(row)
+            for rnd in range(rounds):
+                base: dict[str, Any] | None = None
+                for name, (url, key, models, pid) in targets.items():
+                    spy = None
+                    if profile is not None and name == "gateway":
+                        suffix = f"-r{rnd + 1}" if rounds > 1 else ""
+                        spy = start_profile(
+                            pid, profile / f"gateway-{'stream' if stream else 'plain'}-c{c}{suffix}.txt"
+                        )
+                        await asyncio.sleep(1.0)  # py-spy attached before the load starts
+                    la0 = load_avg()
+                    cmds0 = redis_commands(redis_url)
+                    cpu0 = cpu_seconds(pid)
+                    res = await run_load(url, key, models, concurrency=c, duration=duration, stream=stream)
+                    cpu = cpu_seconds(pid) - cpu0
+                    cmds = redis_commands(redis_url) - cmds0
+                    if spy is not None:
+                        spy.send_signal(2)  # SIGINT: py-spy writes its file and exits
+                        spy.wait(30)
+                    res["cpu_ms_per_req"] = (
+                        round(cpu * 1000 / res["completed"], 3) if res["completed"] else None
+                    )
+                    res["load_avg_1m"] = [la0[0], load_avg()[0]]
+                    if redis_url is not None and res["completed"]:
+                        res["redis_cmds_per_req"] = round(cmds / res["completed"], 2)
+                    row = {"target": name, "stream": stream, "concurrency": c, "round": rnd + 1, **res}
+                    if name == "direct":
+                        base = res
+                    elif base and res["p50_ms"] is not None and base["p50_ms"] is not None:
+                        row["added_p50_ms"] = round(res["p50_ms"] - base["p50_ms"], 3)
+                        row["added_p99_ms"] = round(res["p99_ms"] - base["p99_ms"], 3)
+                        if stream and res["ttfb_p50_ms"] is not None and base["ttfb_p50_ms"] is not None:
+                            row["added_ttfb_p50_ms"] = round(res["ttfb_p50_ms"] - base["ttfb_p50_ms"], 3)
+                    log(
+                        f"{'stream' if stream else 'plain '} c={c:<4} r{rnd + 1} {name:<8}"
+                        f" {res['rps']:>8} req/s"
+                        f"  p50 {fmt(res['p50_ms'])} ms  p99 {fmt(res['p99_ms'])} ms"
+                        f"  ttfb {fmt(res['ttfb_p50_ms'])} ms  cpu {fmt(res['cpu_ms_per_req'])} ms/req"
+                        f"  errors {res['errors']}"
+                    )
+                    rows.append(row)
     return rows
+
+
+def _median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def summarize(rows: list[dict[str, Any]], concs: list[int], rounds: int) -> dict[str, Any]:
+    """Per concurrency: the plain (non-streamed) rows' figures and LiteLLM-over-gateway ratios.
+
+    Each ratio is taken within a round (rows run side by side); with several rounds the summary
+    gives every round's ratio (``…_rounds``), their median (the headline figure) and the ratio
+    of the two targets' median figures (``…_of_medians``); single figures are medians over rounds.
+    """
+    by: dict[tuple[str, bool, int, int], dict[str, Any]] = {
+        (r["target"], r["stream"], r["concurrency"], r["round"]): r for r in rows
+    }
+    summary: dict[str, Any] = {}
+    for c in concs:
+        out: dict[str, Any] = {}
+        g_rows = [by[k] for k in (("gateway", False, c, i) for i in range(1, rounds + 1)) if k in by]
+        l_rows = [by[k] for k in (("litellm", False, c, i) for i in range(1, rounds + 1)) if k in by]
+        s_rows = [by[k] for k in (("gateway", True, c, i) for i in range(1, rounds + 1)) if k in by]
+
+        def med(rs: list[dict[str, Any]], key: str) -> float | None:
+            return _median([r[key] for r in rs if r.get(key) is not None])
+
+        if g_rows:
+            out["cpu_ms_per_req_gateway"] = med(g_rows, "cpu_ms_per_req")
+        if g_rows and l_rows:
+            out["throughput_ratio_gateway_over_litellm"] = _median(
+                [g["rps"] / lt["rps"] for g, lt in zip(g_rows, l_rows, strict=True) if lt["rps"]]
+            )
+            out["added_p50_ms_gateway"] = med(g_rows, "added_p50_ms")
+            out["added_p50_ms_litellm"] = med(l_rows, "added_p50_ms")
+            out["cpu_ms_per_req_litellm"] = med(l_rows, "cpu_ms_per_req")
+            for name, key in (
+                ("cpu_litellm_over_gateway", "cpu_ms_per_req"),
+                ("added_p50_litellm_over_gateway", "added_p50_ms"),
+            ):
+                per_round = [
+                    round(lt[key] / g[key], 1)
+                    for g, lt in zip(g_rows, l_rows, strict=True)
+                    if g.get(key) and lt.get(key)
+                ]
+                if not per_round:
+                    continue
+                out[name] = round(statistics.median(per_round), 1)
+                if rounds > 1:
+                    out[f"{name}_rounds"] = per_round
+                    gm, lm = med(g_rows, key), med(l_rows, key)
+                    if gm and lm:
+                        out[f"{name}_of_medians"] = round(lm / gm, 1)
+        if s_rows:
+            out["added_ttfb_p50_ms_gateway"] = med(s_rows, "added_ttfb_p50_ms")
+        if out:
+            summary[f"c{c}"] = out
+    return summary
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--concurrency", default="1,32,128")
     ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every (mode, concurrency) this many times, all targets in turn each time",
+    )
     ap.add_argument("--adapters", type=int, default=3)
     ap.add_argument(
         "--limiter", choices=["redis", "memory"], default="redis", help="where limits live (both)"
@@ -522,35 +599,11 @@ def main() -> None:
             procs.append(lproc)
             assert lproc.pid is not None
             targets["litellm"] = (f"{lurl}/v1/chat/completions", "sk-bench-tenant", models, lproc.pid)
-        rows = asyncio.run(measure(targets, concs, args.duration, profile, modes, redis_url))
+        rows = asyncio.run(measure(targets, concs, args.duration, profile, modes, redis_url, args.rounds))
     finally:
         stop_procs(procs, grace_s=15)
         stop_all(sims)
-    summary: dict[str, Any] = {}
-    by = {(r["target"], r["stream"], r["concurrency"]): r for r in rows}
-    for c in concs:
-        g, lt = by.get(("gateway", False, c)), by.get(("litellm", False, c))
-        if g and lt and lt["rps"]:
-            summary[f"c{c}"] = {
-                "throughput_ratio_gateway_over_litellm": round(g["rps"] / lt["rps"], 2),
-                "added_p50_ms_gateway": g.get("added_p50_ms"),
-                "added_p50_ms_litellm": lt.get("added_p50_ms"),
-                "cpu_ms_per_req_gateway": g.get("cpu_ms_per_req"),
-                "cpu_ms_per_req_litellm": lt.get("cpu_ms_per_req"),
-            }
-            if g.get("cpu_ms_per_req") and lt.get("cpu_ms_per_req"):
-                summary[f"c{c}"]["cpu_litellm_over_gateway"] = round(
-                    lt["cpu_ms_per_req"] / g["cpu_ms_per_req"], 1
-                )
-            if g.get("added_p50_ms") and lt.get("added_p50_ms"):
-                summary[f"c{c}"]["added_p50_litellm_over_gateway"] = round(
-                    lt["added_p50_ms"] / g["added_p50_ms"], 1
-                )
-        gs = by.get(("gateway", True, c))
-        if gs:
-            summary.setdefault(f"c{c}", {})["added_ttfb_p50_ms_gateway"] = gs.get("added_ttfb_p50_ms")
-        if g and "cpu_ms_per_req_gateway" not in summary.get(f"c{c}", {}):
-            summary.setdefault(f"c{c}", {})["cpu_ms_per_req_gateway"] = g.get("cpu_ms_per_req")
+    summary = summarize(rows, concs, args.rounds)
     out = {
         "benchmark": "gateway",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -562,6 +615,7 @@ def main() -> None:
         },
         "settings": {
             "duration_s": args.duration,
+            "rounds": args.rounds,
             "adapters": args.adapters,
             "limiter": args.limiter,
             "litellm_limiter": litellm_limiter if exe else None,
@@ -575,12 +629,14 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print()
     print(
-        f"{'mode':<7}{'conc':>5}  {'target':<8}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'+p99':>8}"
+        f"{'mode':<7}{'conc':>5}{'rnd':>4}  {'target':<8}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'+p50':>8}{'+p99':>8}"
         f"{'ttfb':>8}{'+ttfb':>8}{'cpu ms/req':>12}{'redis/req':>11}"
     )
     for r in rows:
         print(
-            f"{'stream' if r['stream'] else 'plain':<7}{r['concurrency']:>5}  {r['target']:<8}{r['rps']:>9}"
+            f"{'stream' if r['stream'] else 'plain':<7}{r['concurrency']:>5}{r['round']:>4}"
+            f"  {r['target']:<8}{r['rps']:>9}"
             f"{fmt(r['p50_ms']):>9}{fmt(r['p99_ms']):>9}{fmt(r.get('added_p50_ms')):>8}{fmt(r.get('added_p99_ms')):>8}"
             f"{fmt(r['ttfb_p50_ms']):>8}{fmt(r.get('added_ttfb_p50_ms')):>8}{fmt(r.get('cpu_ms_per_req')):>12}"
             f"{fmt(r.get('redis_cmds_per_req')):>11}"
