@@ -12,7 +12,10 @@ pipelining only shares the socket — and gets its own reply or its own error.
 The connection is an :class:`asyncio.Protocol` feeding ``hiredis``'s reader (RESP2): no
 per-reply coroutine, timeout context or stream buffer. It is opened from the settings of the
 given redis-py client's pool (TCP, TLS or a Unix socket; AUTH, SELECT and the client name as
-redis-py sends them).
+redis-py sends them; TCP keepalive as redis-py sets it, on by default since redis-py 8).
+redis-py's ``health_check_interval`` (a PING before reusing an idle connection) has no
+counterpart: a connection whose peer vanished is found by TCP keepalive while idle, else by the
+first call's deadline (that call fails, the next one reconnects).
 
 Failure handling:
 
@@ -35,15 +38,28 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, cast
 
 import hiredis
 import redis.asyncio as aioredis
-from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
+from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 Arg = str | bytes | int | float
+
+
+def _keepalive(transport: asyncio.BaseTransport, options: Mapping[int, int | bytes]) -> None:
+    """TCP keepalive with the client's options, as redis-py sets them on its own sockets (a
+    peer that vanished without closing is found while the connection is idle)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, value in options.items():
+        sock.setsockopt(socket.IPPROTO_TCP, opt, value)
 
 
 class RoundTripError(RedisError):
@@ -310,10 +326,14 @@ class AutoPipeline:
             if issubclass(cls, UnixDomainSocketConnection):
                 _t, conn = await self._loop.create_unix_connection(lambda: _Resp(self), kw["path"])
             else:
-                ssl = cls(**kw).ssl_context.get() if issubclass(cls, SSLConnection) else None
-                _t, conn = await self._loop.create_connection(
+                like = cls(**kw)  # the pool's connection, not connected: its resolved settings
+                ssl = like.ssl_context.get() if isinstance(like, SSLConnection) else None
+                tr, conn = await self._loop.create_connection(
                     lambda: _Resp(self), kw.get("host", "localhost"), int(kw.get("port", 6379)), ssl=ssl
                 )
+                if isinstance(like, Connection) and like.socket_keepalive:
+                    opts = like.socket_keepalive_options  # resolved by the class: a mapping
+                    _keepalive(tr, opts if isinstance(opts, Mapping) else {})
         hello: list[tuple[Arg, ...]] = []
         if kw.get("password") is not None:
             user = kw.get("username")
