@@ -9,7 +9,11 @@ Endpoints (bearer token when one is configured):
 
 - ``PUT /v1/staging/{lora_name}/files/{name}?sha256=…&upload=…``: streamed body written to
   ``.tmp-<lora_name>-<upload>/<name>.part``, hashed, renamed on a match; 422 ``hash_mismatch``
-  (with ``expected`` / ``actual``) otherwise, and the part is deleted.
+  (with ``expected`` / ``actual``) otherwise. A PUT that fails removes its whole upload
+  directory (the router gives the upload up at any failure): a hash mismatch, a client that goes
+  away (400 ``client_disconnected``), a full volume (507 ``insufficient_storage``) or another
+  write error (503 ``staging_unavailable``). Upload directories untouched for an hour (a router
+  that died mid-upload) are removed by a sweep at most once a minute.
 - ``POST /v1/staging/{lora_name}/commit?upload=…`` body ``{"files": [{"name", "sha256"}]}``:
   re-hashes the upload directory and renames it to ``<lora_name>/``; answers ``{"path", "root"}``.
 - ``POST /v1/staging/{lora_name}/verify`` (same body): 200 ``{"path", "root"}`` when the staged
@@ -21,19 +25,21 @@ Endpoints (bearer token when one is configured):
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import hmac
 import logging
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import typer
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -42,6 +48,7 @@ from router.store import LORA_NAME_RE
 
 log = logging.getLogger("loraplane.agent")
 UPLOAD_RE = re.compile(r"^[0-9a-f]{8,64}$")
+STALE_UPLOAD_S = 3600.0  # an upload directory untouched this long belongs to no live upload
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -63,6 +70,7 @@ class AgentApp:
         self.root = staging_dir.resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.token = token
+        self._swept = 0.0  # wall time of the last sweep of stale uploads
         self.app = Starlette(
             routes=[
                 Route("/healthz", self.healthz, methods=["GET"]),
@@ -144,27 +152,62 @@ class AgentApp:
             if not SHA_RE.match(expected):
                 raise _Bad(_err(400, "bad_sha256", "sha256 must be 64 lowercase hex characters"))
             updir = self._upload_dir(request, lora)
-            updir.mkdir(exist_ok=True)
             part = self._inside(updir.name, f"{name}.part")
+            await self._sweep_stale()
             h = hashlib.sha256()
-            with open(part, "wb") as out:
-                async for chunk in request.stream():
-                    if chunk:
-                        h.update(chunk)
-                        await asyncio.to_thread(out.write, chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            actual = h.hexdigest()
+            try:
+                updir.mkdir(exist_ok=True)
+                with open(part, "wb") as out:
+                    async for chunk in request.stream():
+                        if chunk:
+                            h.update(chunk)
+                            await asyncio.to_thread(out.write, chunk)
+                    out.flush()
+                    os.fsync(out.fileno())
+                actual = h.hexdigest()
+                if actual == expected:
+                    os.replace(part, self._inside(updir.name, name))
+            except ClientDisconnect:
+                await self._abandon(updir)
+                log.warning("upload cut off by the client", extra={"lora_name": lora, "file": name})
+                return _err(400, "client_disconnected", "the client went away during the upload")
+            except OSError as exc:
+                await self._abandon(updir)
+                return self._storage_error(exc, lora, name)
             if actual != expected:
-                part.unlink(missing_ok=True)
+                await self._abandon(updir)
                 log.warning("hash mismatch", extra={"lora_name": lora, "file": name})
                 return _err(
                     422, "hash_mismatch", f"sha256 mismatch for {name}", expected=expected, actual=actual
                 )
-            os.replace(part, self._inside(updir.name, name))
             return _json(200, {"name": name, "sha256": actual})
         except _Bad as bad:
             return bad.response
+
+    async def _abandon(self, updir: Path) -> None:
+        """Remove an upload that cannot complete (the router gives up on it at any failure):
+        nothing of it stays on the staging volume."""
+        await asyncio.to_thread(shutil.rmtree, updir, True)
+
+    @staticmethod
+    def _storage_error(exc: OSError, lora: str, name: str) -> Response:
+        fields = {"lora_name": lora, "file": name, "error": str(exc)}
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            log.warning("staging volume full", extra=fields)
+            return _err(
+                507, "insufficient_storage", f"the staging volume is full ({exc.strerror}); nothing kept"
+            )
+        log.error("cannot write to the staging volume", extra=fields)
+        return _err(503, "staging_unavailable", f"cannot write to the staging volume: {exc.strerror or exc}")
+
+    async def _sweep_stale(self) -> None:
+        """At most once a minute: remove upload directories untouched for ``STALE_UPLOAD_S`` (a
+        router that died mid-upload never commits or abandons them)."""
+        now = time.time()
+        if now - self._swept < 60.0:
+            return
+        self._swept = now
+        await asyncio.to_thread(sweep_stale_uploads, self.root, now - STALE_UPLOAD_S)
 
     async def commit(self, request: Request) -> Response:
         try:
@@ -218,6 +261,23 @@ class AgentApp:
             return _json(200, {"deleted": lora})
         except _Bad as bad:
             return bad.response
+
+
+def sweep_stale_uploads(root: Path, older_than: float) -> list[str]:
+    """Remove ``root``'s upload directories (``.tmp-*``) whose newest entry was modified before
+    ``older_than`` (wall time); returns their names."""
+    removed = []
+    for d in root.glob(".tmp-*"):
+        try:
+            newest = max([d.stat().st_mtime, *(f.stat().st_mtime for f in d.iterdir())])
+        except OSError:  # removed meanwhile
+            continue
+        if newest < older_than:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d.name)
+    if removed:
+        log.warning("removed stale uploads", extra={"uploads": removed})
+    return removed
 
 
 def make_app(staging_dir: Path, token: str | None) -> Starlette:
