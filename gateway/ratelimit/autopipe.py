@@ -333,7 +333,11 @@ class AutoPipeline:
                 )
                 if isinstance(like, Connection) and like.socket_keepalive:
                     opts = like.socket_keepalive_options  # resolved by the class: a mapping
-                    _keepalive(tr, opts if isinstance(opts, Mapping) else {})
+                    try:
+                        _keepalive(tr, opts if isinstance(opts, Mapping) else {})
+                    except (OSError, TypeError):  # options the socket refuses: no half-set connection
+                        tr.abort()
+                        raise
         hello: list[tuple[Arg, ...]] = []
         if kw.get("password") is not None:
             user = kw.get("username")

@@ -183,3 +183,39 @@ def test_the_limiter_admits_and_settles_over_tls(tls_redis: TlsRedis) -> None:
     import uvloop
 
     uvloop.run(scenario())
+
+
+def test_keepalive_options_the_socket_refuses_fail_the_calls() -> None:
+    """An option the kernel does not know: the calls fail with the error (as redis-py refuses
+    such a connection) and the connection is closed, not left open; the next call tries again."""
+
+    async def scenario() -> None:
+        live: set[asyncio.StreamWriter] = set()
+
+        async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            live.add(writer)
+            try:
+                await reader.read()  # until the client closes
+            finally:
+                live.discard(writer)
+                writer.close()
+
+        server = await asyncio.start_server(conn, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        r = aioredis.Redis(
+            host="127.0.0.1", port=port, protocol=2, socket_keepalive=True, socket_keepalive_options={9999: 1}
+        )
+        pipe = AutoPipeline(r, timeout_s=5)
+        for _ in range(2):
+            with pytest.raises(RoundTripError, match="Errno"):
+                await pipe.execute("PING")
+        for _ in range(100):
+            if not live:
+                break
+            await asyncio.sleep(0.02)
+        assert not live  # both refused connections were closed
+        await pipe.aclose()
+        await r.aclose()
+        server.close()
+
+    _run_on_uvloop_and_asyncio(scenario)
