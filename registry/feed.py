@@ -36,9 +36,13 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
+import sqlite3
 import threading
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any, Protocol
 
 import anyio.to_thread
@@ -192,21 +196,94 @@ class InProcessFeed:
                 self._waiters.discard(entry)
 
 
+class SqliteChangeProbe:
+    """Whether anything was committed to a SQLite file since the last look, by any other
+    connection or process: ``PRAGMA data_version`` on a connection of its own (read only).
+
+    Cheap enough for the event loop (no lock wait — ``timeout=0``; in WAL mode it reads the
+    shared-memory index). Any error answers "maybe" (``True``) and reopens next time, so the
+    caller reads the revision as it would without a probe."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._conn: sqlite3.Connection | None = None
+        self._seen: int | None = None
+
+    def changed(self) -> bool:
+        try:
+            if self._conn is None:
+                uri = PurePath(os.path.abspath(self._path)).as_uri() + "?mode=rw"  # never creates a file
+                conn = sqlite3.connect(
+                    uri, uri=True, timeout=0, isolation_level=None, check_same_thread=False
+                )
+                conn.execute("PRAGMA query_only = 1")
+                self._conn = conn
+            (version,) = self._conn.execute("PRAGMA data_version").fetchone()
+        except sqlite3.Error:
+            self.close()
+            return True
+        changed = version != self._seen
+        self._seen = version
+        return changed
+
+    def close(self) -> None:
+        conn, self._conn, self._seen = self._conn, None, None
+        if conn is not None:
+            conn.close()
+
+
+def _sqlite_file(session_factory: sessionmaker[Session]) -> str | None:
+    """The SQLite file behind ``session_factory`` (None for another database or an in-memory one)."""
+    bind = session_factory.kw.get("bind")
+    if not isinstance(bind, Engine) or bind.dialect.name != "sqlite":
+        return None
+    db = bind.url.database
+    if not db or db == ":memory:" or db.startswith("file:") or bind.url.query:
+        return None
+    return db
+
+
 class PollingFeed(InProcessFeed):
-    """Polls the database revision every ``interval_s``; in-process publishes wake it at once."""
+    """Polls the database revision every ``interval_s``; in-process publishes wake it at once.
+
+    On a SQLite file a :class:`SqliteChangeProbe` is asked first, on the event loop: the
+    revision is read (in a worker thread) only when something was committed since the last poll,
+    and at least every ``FULL_READ_S`` whatever the probe says. An idle poll costs one
+    ``PRAGMA`` (~7 µs) instead of a thread hop and a query."""
+
+    FULL_READ_S = 1.0
 
     def __init__(self, session_factory: sessionmaker[Session], interval_s: float = 0.05) -> None:
         self._factory = session_factory
         self.interval_s = max(0.005, float(interval_s))
+        path = _sqlite_file(session_factory)
+        self._probe = SqliteChangeProbe(path) if path is not None else None
+        self._full_read_at = 0.0
+        self.reads = 0  # revision reads made by polling (for tests and debugging)
         super().__init__(initial_revision=lambda: read_revision(session_factory))
 
     async def _wait(self, event: asyncio.Event) -> None:
+        # the event, set by an in-process publish or by the poll timer (no wait_for task per poll)
+        polled = False
+
+        def poll() -> None:
+            nonlocal polled
+            polled = True
+            event.set()
+
+        timer = asyncio.get_running_loop().call_later(self.interval_s, poll)
         try:
-            await asyncio.wait_for(event.wait(), timeout=self.interval_s)
-            event.clear()
-            return
-        except TimeoutError:
-            pass
+            await event.wait()
+        finally:
+            timer.cancel()
+        event.clear()
+        if not polled:
+            return  # a publish here: it brought the revision itself
+        now = time.monotonic()
+        if self._probe is not None and now < self._full_read_at and not self._probe.changed():
+            return  # nothing committed since the last look
+        self._full_read_at = now + self.FULL_READ_S
+        self.reads += 1
         try:
             rev = await anyio.to_thread.run_sync(read_revision, self._factory)
         except Exception as e:

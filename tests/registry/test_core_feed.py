@@ -17,7 +17,14 @@ from sqlalchemy import event
 
 from kit.db import make_engine, make_session_factory, session_scope
 from registry.demo import demo_base_model
-from registry.feed import Change, InProcessFeed, PollingFeed, PostgresNotifyFeed, make_feed
+from registry.feed import (
+    Change,
+    InProcessFeed,
+    PollingFeed,
+    PostgresNotifyFeed,
+    SqliteChangeProbe,
+    make_feed,
+)
 from registry.keys import hash_key
 from registry.repositories import state as state_repo
 from registry.services import adapters as adapter_svc
@@ -114,6 +121,64 @@ async def test_polling_feed_sees_changes_from_another_engine(tmp_path: Path, sql
     finally:
         reader.dispose()
         writer.dispose()
+
+
+# another process committing a change to a SQLite registry (the revision bumped, as a write does)
+_BUMP = (
+    "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+    "c.execute('UPDATE registry_state SET revision = revision + 1 WHERE id = 1'); c.commit()"
+)
+
+
+def test_sqlite_probe_tells_commits_by_other_processes(tmp_path: Path, sqlite_template: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    db = tmp_path / "probe.db"
+    shutil.copyfile(sqlite_template, db)
+    probe = SqliteChangeProbe(str(db))
+    assert probe.changed()  # first look: unknown, so "maybe"
+    assert not probe.changed() and not probe.changed()
+    subprocess.run([sys.executable, "-c", _BUMP, str(db)], check=True, timeout=30)
+    assert probe.changed()  # committed by another process
+    assert not probe.changed()
+    probe.close()
+    missing = SqliteChangeProbe(str(tmp_path / "nope.db"))
+    assert missing.changed() and missing.changed()  # cannot look: always "maybe"
+    assert not (tmp_path / "nope.db").exists()  # and no file was created
+
+
+async def test_polling_feed_reads_the_revision_only_after_a_commit(
+    tmp_path: Path, sqlite_template: Path
+) -> None:
+    """Idle polls ask the probe, not the database; a commit by another process is still seen at
+    the next poll, long before the periodic full read."""
+    import shutil
+    import subprocess
+    import sys
+
+    db = tmp_path / "shared.db"
+    shutil.copyfile(sqlite_template, db)
+    engine = make_engine(f"sqlite:///{db}")
+    try:
+        feed = PollingFeed(make_session_factory(engine), interval_s=0.01)
+        feed.FULL_READ_S = 60.0
+        it = feed.listen()
+        assert await _next(it) == 0
+        waiting = asyncio.create_task(_next(it, 30))  # the listener polls while it waits
+        await asyncio.sleep(0.6)  # ~50 polls
+        idle_reads = feed.reads
+        assert idle_reads <= 2, idle_reads  # the first poll's full read (and the probe's first look)
+        t0 = time.perf_counter()
+        bump = [sys.executable, "-c", _BUMP, str(db)]
+        await asyncio.to_thread(subprocess.run, bump, check=True, timeout=30)
+        assert await waiting == 1
+        assert time.perf_counter() - t0 < 10  # not the 60 s full read
+        assert feed.reads == idle_reads + 1
+        await it.aclose()
+    finally:
+        engine.dispose()
 
 
 async def test_postgres_feed_latency_after_admin_call(pg_migrated: str, tmp_path: Path) -> None:
