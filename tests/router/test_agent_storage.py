@@ -10,7 +10,7 @@ import hashlib
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -122,12 +122,12 @@ async def test_a_client_that_goes_away_mid_upload_leaves_nothing(tmp_path: Path)
         {"type": "http.request", "body": b"x" * 4096, "more_body": True},
         {"type": "http.disconnect"},
     ]
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         return messages.pop(0)
 
-    async def send(msg: dict[str, Any]) -> None:
+    async def send(msg: MutableMapping[str, Any]) -> None:
         sent.append(msg)
 
     scope = {
