@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 import pytest
 
 from kit import localservices as ls
+from tests.filesystems import small_filesystem
 from tests.gateway.gw_platform import Platform, run_platform
 
 from .harness import ColdTraffic, Traffic, loaded_on, readyz, seed, sim_faults, sim_state, wait_served
@@ -163,22 +163,6 @@ def test_replica_whose_loads_time_out_is_bounded_and_cold_adapters_load_elsewher
 
 
 # --------------------------------------------------------------------------- c: staging full
-
-
-@contextlib.contextmanager
-def small_filesystem(path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` at ``path`` (root with CAP_SYS_ADMIN, as on the CI machine); the test
-    is skipped where mounting is not allowed (an unprivileged container)."""
-    path.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs for the staging directory: {r.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def fill(fs: Path) -> Path:

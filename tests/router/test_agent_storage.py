@@ -19,6 +19,7 @@ import pytest
 
 import router.agent as agent_mod
 from router.agent import make_app, sweep_stale_uploads
+from tests.filesystems import small_filesystem
 
 TOKEN = "agent-storage-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -48,15 +49,8 @@ def _leftovers(root: Path) -> list[str]:
 @pytest.fixture
 def small_volume(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB tmpfs: a staging volume that really fills up."""
-    mnt = tmp_path / "vol"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
+    with small_filesystem(tmp_path / "vol", "256k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 async def test_a_full_volume_answers_507_and_keeps_nothing(small_volume: Path) -> None:
