@@ -488,15 +488,17 @@ def summarize(rows: list[dict[str, Any]], concs: list[int], rounds: int) -> dict
     by: dict[tuple[str, bool, int, int], dict[str, Any]] = {
         (r["target"], r["stream"], r["concurrency"], r["round"]): r for r in rows
     }
+
+    def med(rs: list[dict[str, Any]], key: str) -> float | None:
+        return _median([r[key] for r in rs if r.get(key) is not None])
+
+    def of(target: str, stream: bool, c: int) -> list[dict[str, Any]]:  # that target's rows, by round
+        return [r for i in range(1, rounds + 1) if (r := by.get((target, stream, c, i))) is not None]
+
     summary: dict[str, Any] = {}
     for c in concs:
         out: dict[str, Any] = {}
-        g_rows = [by[k] for k in (("gateway", False, c, i) for i in range(1, rounds + 1)) if k in by]
-        l_rows = [by[k] for k in (("litellm", False, c, i) for i in range(1, rounds + 1)) if k in by]
-        s_rows = [by[k] for k in (("gateway", True, c, i) for i in range(1, rounds + 1)) if k in by]
-
-        def med(rs: list[dict[str, Any]], key: str) -> float | None:
-            return _median([r[key] for r in rs if r.get(key) is not None])
+        g_rows, l_rows, s_rows = of("gateway", False, c), of("litellm", False, c), of("gateway", True, c)
 
         if g_rows:
             out["cpu_ms_per_req_gateway"] = med(g_rows, "cpu_ms_per_req")
