@@ -219,7 +219,7 @@ class AgentApp:
                 return _err(404, "not_found", "no such upload")
             problem = await asyncio.to_thread(self._matches, updir, files)
             if problem:
-                shutil.rmtree(updir, ignore_errors=True)
+                await self._abandon(updir)
                 return _err(422, "hash_mismatch", problem)
             final = self._inside(lora)
             try:
