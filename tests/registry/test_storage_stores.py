@@ -304,3 +304,96 @@ def test_part_body_reads_and_seeks_across_chunks() -> None:
     buf = bytearray(4000)
     body.seek(2500)
     assert body.readinto(buf) == 4000 and bytes(buf) == data[2500:6500]
+
+
+def test_crc32_base64_is_s3s_crc32_of_the_chunks() -> None:
+    import base64
+    import zlib
+
+    from registry.storage.s3_multipart import crc32_base64
+
+    data = os.urandom(300_001)
+    chunks: list[bytes | memoryview] = [data[:1], memoryview(data)[1:200_000], data[200_000:]]
+    want = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    assert crc32_base64(chunks) == want
+    assert crc32_base64([]) == base64.b64encode(bytes(4)).decode()
+
+
+def _sent_checksums(store: S3ArtifactStore) -> list[tuple[str, str | None, str | None]]:
+    """(operation, x-amz-checksum-crc32, content-encoding) of every part/put the store's client sends."""
+    seen: list[tuple[str, str | None, str | None]] = []
+
+    def before_send(request: Any, **_: Any) -> None:
+        h = request.headers
+        enc = h.get("content-encoding")
+        seen.append(
+            (
+                "part" if "partNumber=" in request.url else "put",
+                h.get("x-amz-checksum-crc32").decode() if h.get("x-amz-checksum-crc32") else None,
+                enc.decode() if isinstance(enc, bytes) else enc,
+            )
+        )
+
+    store.client.meta.events.register("before-send.s3.UploadPart", before_send)
+    store.client.meta.events.register("before-send.s3.PutObject", before_send)
+    return seen
+
+
+def test_s3_parts_carry_the_registrys_own_crc32(
+    s3_server: S3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each part (and a small file's single put) goes out with the CRC32 the registry computed
+    as a header — botocore computes none of its own, no aws-chunked body — and the object is
+    whole."""
+    import base64
+    import zlib
+
+    from botocore import httpchecksum
+
+    botocore_passes: list[int] = []
+    for cls in (httpchecksum.Crc32Checksum, httpchecksum.CrtCrc32Checksum):
+
+        def counting(self: Any, chunk: bytes, _update: Any = cls.update) -> None:
+            botocore_passes.append(len(chunk))
+            _update(self, chunk)
+
+        monkeypatch.setattr(cls, "update", counting)
+    store = make_store(s3_settings(s3_server, s3_bucket))
+    assert isinstance(store, S3ArtifactStore)
+    seen = _sent_checksums(store)
+    data = os.urandom(2 * PART + 11)
+    small = os.urandom(1000)
+    pending = store.begin("a")
+    write_file(pending, "w", data, chunk=PART // 3)
+    write_file(pending, "small", small)
+    pending.commit()
+
+    def crc(b: bytes) -> str:
+        return base64.b64encode(zlib.crc32(b).to_bytes(4, "big")).decode()
+
+    parts = [data[:PART], data[PART : 2 * PART], data[2 * PART :]]
+    assert sorted(seen) == sorted([("part", crc(p), None) for p in parts] + [("put", crc(small), None)])
+    assert botocore_passes == []  # botocore read no part to checksum it
+    got = s3_server.client().get_object(Bucket=s3_bucket, Key=pending.key_prefix + "w")["Body"].read()
+    assert got == data
+    store.close()
+
+
+def test_s3_refuses_a_part_whose_crc32_is_wrong(
+    s3_server: S3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checksum the registry sends is checked by S3: a wrong one (simulated: the bytes
+    changed after it was computed) fails the upload as storage_unavailable and leaves nothing."""
+    import registry.storage.s3_multipart as mp
+
+    real = mp.crc32_base64
+    monkeypatch.setattr(mp, "crc32_base64", lambda chunks: real([b"not", *chunks]))
+    store = make_store(s3_settings(s3_server, s3_bucket))
+    assert isinstance(store, S3ArtifactStore)
+    pending = store.begin("a")
+    with pytest.raises(Unavailable) as e:
+        write_file(pending, "w", os.urandom(2 * PART), chunk=PART // 2)
+    assert e.value.code == "storage_unavailable" and "BadDigest" in str(e.value), str(e.value)
+    pending.abort()
+    assert bucket_keys(s3_server, s3_bucket) == [] and open_uploads(s3_server, s3_bucket) == []
+    store.close()
