@@ -306,17 +306,21 @@ def test_part_body_reads_and_seeks_across_chunks() -> None:
     assert body.readinto(buf) == 4000 and bytes(buf) == data[2500:6500]
 
 
-def test_crc32_base64_is_s3s_crc32_of_the_chunks() -> None:
+def _s3_crc32(data: bytes) -> str:
+    """``x-amz-checksum-crc32`` of ``data`` as S3 defines it: zlib's CRC32, big-endian, base64."""
     import base64
     import zlib
 
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+def test_crc32_base64_is_s3s_crc32_of_the_chunks() -> None:
     from registry.storage.s3_multipart import crc32_base64
 
     data = os.urandom(300_001)
     chunks: list[bytes | memoryview] = [data[:1], memoryview(data)[1:200_000], data[200_000:]]
-    want = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
-    assert crc32_base64(chunks) == want
-    assert crc32_base64([]) == base64.b64encode(bytes(4)).decode()
+    assert crc32_base64(chunks) == _s3_crc32(data)
+    assert crc32_base64([]) == _s3_crc32(b"")
 
 
 def _sent_checksums(store: S3ArtifactStore) -> list[tuple[str, str | None, str | None]]:
@@ -345,9 +349,6 @@ def test_s3_parts_carry_the_registrys_own_crc32(
     """Each part (and a small file's single put) goes out with the CRC32 the registry computed
     as a header — botocore computes none of its own, no aws-chunked body — and the object is
     whole."""
-    import base64
-    import zlib
-
     from botocore import httpchecksum
 
     botocore_passes: list[int] = []
@@ -368,11 +369,9 @@ def test_s3_parts_carry_the_registrys_own_crc32(
     write_file(pending, "small", small)
     pending.commit()
 
-    def crc(b: bytes) -> str:
-        return base64.b64encode(zlib.crc32(b).to_bytes(4, "big")).decode()
-
     parts = [data[:PART], data[PART : 2 * PART], data[2 * PART :]]
-    assert sorted(seen) == sorted([("part", crc(p), None) for p in parts] + [("put", crc(small), None)])
+    want = [("part", _s3_crc32(p), None) for p in parts] + [("put", _s3_crc32(small), None)]
+    assert sorted(seen) == sorted(want)
     assert botocore_passes == []  # botocore read no part to checksum it
     got = s3_server.client().get_object(Bucket=s3_bucket, Key=pending.key_prefix + "w")["Body"].read()
     assert got == data
