@@ -60,13 +60,13 @@ _COMMANDS = [
 def _root(
     ctx: typer.Context,
     url: str | None = typer.Option(
-        None, "--url", help="Admin API base URL for the command [env LORAPLANE_ADMIN_URL]."
+        None, "--url", help="Admin API base URL for the command (env LORAPLANE_ADMIN_URL)."
     ),
-    token: str | None = typer.Option(None, "--token", help="Admin bearer token [env LORAPLANE_ADMIN_TOKEN]."),
+    token: str | None = typer.Option(None, "--token", help="Admin bearer token (env LORAPLANE_ADMIN_TOKEN)."),
     context: str | None = typer.Option(
         None,
         "--context",
-        help="Saved credentials to use (`loraplane login`, `up`: 'local') [env LORAPLANE_CONTEXT].",
+        help="Saved credentials to use (`loraplane login`, `up`: 'local') (env LORAPLANE_CONTEXT).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print raw JSON answers instead of tables."),
     wide: bool = typer.Option(False, "--wide", help="Tables: never cut or leave out a column."),

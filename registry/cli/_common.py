@@ -45,11 +45,11 @@ EXIT_UNREACHABLE = 2
 UrlOpt = Annotated[
     str | None,
     typer.Option(
-        "--url", help="Admin API base URL [env LORAPLANE_ADMIN_URL, default http://127.0.0.1:8081]."
+        "--url", help="Admin API base URL (env LORAPLANE_ADMIN_URL; default http://127.0.0.1:8081)."
     ),
 ]
 TokenOpt = Annotated[
-    str | None, typer.Option("--token", help="Admin bearer token [env LORAPLANE_ADMIN_TOKEN].")
+    str | None, typer.Option("--token", help="Admin bearer token (env LORAPLANE_ADMIN_TOKEN).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer instead of tables.")]
 ContextOpt = Annotated[
@@ -57,7 +57,7 @@ ContextOpt = Annotated[
     typer.Option(
         "--context",
         help="Credentials saved by `loraplane login --context NAME` (or `up`: 'local') "
-        "[env LORAPLANE_CONTEXT].",
+        "(env LORAPLANE_CONTEXT).",
     ),
 ]
 WideOpt = Annotated[

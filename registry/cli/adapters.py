@@ -93,7 +93,7 @@ QualityGateOpt = Annotated[
 
 _ADAPTER_COLUMNS: list[Column] = [
     ("id", field("id")),
-    ("base model", field("base_model")),
+    extra("base model", field("base_model")),
     ("status", field("status")),
     ("active", field("active_version")),
     (
@@ -101,7 +101,7 @@ _ADAPTER_COLUMNS: list[Column] = [
         lambda a: f"{a['canary_version']} ({a.get('canary_weight')}%)" if a.get("canary_version") else None,
     ),
     ("hot", field("hot")),
-    ("owner", field("owner")),
+    extra("owner", field("owner")),
     extra("created", field("created_at")),
     text("description", field("description")),
 ]

@@ -65,7 +65,7 @@ def login(
         str | None,
         typer.Option(
             "--context",
-            help="Name of the saved credentials (the current context after this) [default: default].",
+            help="Name of the saved credentials (the current context after this) (default: 'default').",
         ),
     ] = None,
 ) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 GAP = "  "
+COMFORTABLE = 24  # text columns are cut to this before extra columns are left out
 MIN_TEXT = 8  # a text column is never cut below this (or its header's width)
 ELLIPSIS = "…"
 
@@ -75,36 +76,53 @@ def _cut(value: str, width: int) -> str:
     return value if len(value) <= width else value[: max(width - 1, 0)] + ELLIPSIS
 
 
+def _fit_text(natural: dict[int, int], room: int, floors: dict[int, int]) -> dict[int, int] | None:
+    """Widths for the text columns (index → natural width) within ``room`` characters, the widest
+    cut first, none below its floor (or its natural width); None when even that is too wide."""
+    lowest = {i: min(w, floors[i]) for i, w in natural.items()}
+    if sum(lowest.values()) > room:
+        return None
+    cap = max(natural.values(), default=0)
+
+    def widths(c: int) -> dict[int, int]:
+        return {i: max(min(w, c), lowest[i]) for i, w in natural.items()}
+
+    while cap > 0 and sum(widths(cap).values()) > room:
+        cap -= 1
+    return widths(cap)
+
+
 def layout(cols: Sequence[Col], cells: Sequence[Sequence[str]], limit: int | None) -> list[int | None]:
-    """Each column's width, or None for a column left out, so the table fits ``limit``."""
+    """Each column's width, or None for a column left out, so that the table fits ``limit``:
+    text columns are cut (not below ``COMFORTABLE`` characters) before extra columns are left out
+    (the rightmost first), then cut further (not below ``MIN_TEXT``); key columns stay whole, even
+    past the limit."""
     natural = [
         max([len(c.header)] + [len(line) for row in cells for line in row[i].split("\n")])
         for i, c in enumerate(cols)
     ]
-    widths: list[int | None] = list(natural)
-    if limit is None:
-        return widths
+    if limit is None or sum(natural) + len(GAP) * (len(cols) - 1) <= limit:
+        return list(natural)
+    shown = list(range(len(cols)))
+    texts = {i: natural[i] for i in shown if cols[i].kind == "text"}
 
-    def total() -> int:
-        shown = [w for w in widths if w is not None]
-        return sum(shown) + len(GAP) * max(len(shown) - 1, 0)
+    def attempt(floor: int) -> dict[int, int] | None:
+        fixed = sum(natural[i] for i in shown if i not in texts) + len(GAP) * (len(shown) - 1)
+        return _fit_text(texts, limit - fixed, {i: max(floor, len(cols[i].header)) for i in texts})
 
-    # 1. cut text columns, the widest first, down to their floor
-    floors = {i: max(MIN_TEXT, len(c.header)) for i, c in enumerate(cols) if c.kind == "text"}
-    while total() > limit:
-        over = [i for i in floors if (w := widths[i]) is not None and w > floors[i]]
-        if not over:
+    def widths(text_widths: dict[int, int]) -> list[int | None]:
+        return [text_widths.get(i, natural[i]) if i in shown else None for i in range(len(cols))]
+
+    while (fitted := attempt(COMFORTABLE)) is None:
+        extras = [i for i in shown if cols[i].kind == "extra"]
+        if not extras:
             break
-        i = max(over, key=lambda j: widths[j] or 0)
-        w = widths[i] or 0
-        widths[i] = max(floors[i], w - (total() - limit))
-    # 2. leave out extra columns, the rightmost first
-    for i in reversed(range(len(cols))):
-        if total() <= limit:
-            break
-        if cols[i].kind == "extra":
-            widths[i] = None
-    return widths
+        shown.remove(extras[-1])
+    if fitted is None:
+        fitted = attempt(MIN_TEXT)
+    if fitted is None:  # keys stay whole past the limit; text columns at their floor
+        fitted = {i: min(w, max(MIN_TEXT, len(cols[i].header))) for i, w in texts.items()}
+    return widths(fitted)
 
 
 def render_rows(rows: Sequence[dict[str, Any]], columns: Iterable[Col | tuple[str, Getter]],

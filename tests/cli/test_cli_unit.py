@@ -524,13 +524,13 @@ def test_no_help_text_shows_restructuredtext_double_backticks() -> None:
 def test_every_admin_command_takes_the_shared_options_last() -> None:
     """``admin_command`` appends the shared options after each command's own, with their help."""
     shared = {
-        "url": (["--url"], "Admin API base URL [env LORAPLANE_ADMIN_URL, default http://127.0.0.1:8081]."),
-        "token": (["--token"], "Admin bearer token [env LORAPLANE_ADMIN_TOKEN]."),
+        "url": (["--url"], "Admin API base URL (env LORAPLANE_ADMIN_URL; default http://127.0.0.1:8081)."),
+        "token": (["--token"], "Admin bearer token (env LORAPLANE_ADMIN_TOKEN)."),
         "as_json": (["--json"], "Print the raw JSON answer instead of tables."),
         "context": (
             ["--context"],
             "Credentials saved by `loraplane login --context NAME` (or `up`: 'local') "
-            "[env LORAPLANE_CONTEXT].",
+            "(env LORAPLANE_CONTEXT).",
         ),
         "wide": (["--wide"], "Tables: never cut or leave out a column, whatever the width."),
     }
