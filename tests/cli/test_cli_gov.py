@@ -154,6 +154,11 @@ def test_bulk_table_prompt_and_apply(server: tuple[str, Any], home: Path) -> Non
 
     out = ok(run(home, "bulk", "rollback", "--owner", "team-bulk", "--dry-run", **admin))
     assert "would apply to 2, fail for 1" in out and "v2 → v1" in out and "no_rollback_target" in out
+    # the adapter that cannot roll back shows the version it keeps serving (before: "- → -")
+    b3_line = next(ln for ln in out.splitlines() if ln.startswith("b3 "))
+    assert "v1 (unchanged)" in b3_line, out
+    dry = json.loads(ok(run(home, "bulk", "rollback", "--adapter", "b3", "--dry-run", "--json", **admin)))
+    assert [(r["from_version"], r["to_version"], r["ok"]) for r in dry["results"]] == [("v1", "v1", False)]
     # answering no changes nothing
     res = run(
         home, "bulk", "rollback", "--owner", "team-bulk", "--reason", "incident 7", stdin="n\n", **admin
