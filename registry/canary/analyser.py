@@ -17,7 +17,9 @@ traffic.
   :class:`~registry.quality.check_pool.CheckPool` (worker processes, a deadline per answer:
   an answer cut off counts as failed); the counts belong to the window.
 - Breach at a look → the canary is cleared at once (:func:`registry.canary.actions.abort_canary`,
-  audit ``version.canary_aborted`` with the counts, rates and p-values).
+  audit ``version.canary_aborted`` with the counts, rates and p-values). Aborts and promotions are
+  written through :class:`registry.writer.ChangeWriter` with the process's change ``feed``, so
+  every gateway hears of them as of the admin API's changes.
 - ``auto_promote_after_s`` after the canary began, once at least one look has passed without a
   breach (a canary that never had the traffic to be judged is never promoted blind) → promote, or
   a promotion request where approvals are required (filed once per canary; a refusal such as a
@@ -48,7 +50,9 @@ from registry.canary.counters import ArmCounts, CounterSource
 from registry.canary.decide import CheckCounts, due_look, judge
 from registry.canary.lease import Lease
 from registry.canary.metrics import CanaryMetrics, default_metrics
+from registry.feed import ChangeFeed
 from registry.quality.check_pool import CheckPool
+from registry.writer import ChangeWriter
 
 log = logging.getLogger("loraplane.canary")
 
@@ -86,9 +90,11 @@ class CanaryAnalyser:
         tick_s: float = 1.0,
         metrics: CanaryMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        feed: ChangeFeed | None = None,
         checks: CheckPool | None = None,
     ) -> None:
         self.factory = session_factory
+        self.write = ChangeWriter(session_factory, feed)  # aborts and promotions: gateways hear of them
         self.counters = counters
         self.lease = lease
         self.promotion_ttl_s = promotion_ttl_s
@@ -211,7 +217,7 @@ class CanaryAnalyser:
                     "window_started_at": _iso(watch.window_start),
                     **verdict.evidence,
                 }
-                done = await asyncio.to_thread(self._read, lambda s: actions.abort_canary(s, w, evidence))
+                done = await asyncio.to_thread(self.write, lambda s: actions.abort_canary(s, w, evidence))
                 if done:
                     m.aborts.labels(w.adapter_id, w.canary_version).inc()
                     log.warning(
@@ -249,7 +255,7 @@ class CanaryAnalyser:
         w = watch.canary
         try:
             kind = await asyncio.to_thread(
-                self._read, lambda s: actions.auto_promote(s, w, ttl_s=self.promotion_ttl_s)
+                self.write, lambda s: actions.auto_promote(s, w, ttl_s=self.promotion_ttl_s)
             )
         except LoraplaneError as e:
             log.warning(
