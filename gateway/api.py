@@ -14,6 +14,7 @@ the completion endpoints carry the ``x-ratelimit-*`` headers for an authenticate
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any
 import orjson
 
 from gateway.asgi import Receive, Scope, Send, header_map, read_body, send_bytes, stream_out
+from gateway.coalesce import DISCONNECT_HOOK, GONE
 from gateway.errors import GatewayError, error_body
 from gateway.openapi import OPENAPI_JSON
 from gateway.parse import Endpoint, estimate_tokens, parse_request
@@ -49,6 +51,7 @@ _COMPLETIONS: dict[str, Endpoint] = {
 }
 _SSE = b"text/event-stream; charset=utf-8"
 _SSE_END = b"data: [DONE]\n\n"  # a stream's last event (after an error event too)
+_NO_HOOK = object()  # the ASGI server has no disconnect hook in its scopes
 
 
 def _request_id(headers: dict[bytes, bytes]) -> bytes:
@@ -140,7 +143,7 @@ class GatewayApp:
                 )
             gw.active += 1
             try:
-                return await self.completion(endpoint, receive, send, headers)
+                return await self.completion(endpoint, scope, receive, send, headers)
             finally:
                 gw.active -= 1
         if method not in ("GET", "HEAD"):
@@ -173,7 +176,7 @@ class GatewayApp:
     # ------------------------------------------------------------------ completions
 
     async def completion(
-        self, endpoint: Endpoint, receive: Receive, send: Send, headers: dict[bytes, bytes]
+        self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes]
     ) -> None:
         gw = self.gw
         ctx = _Ctx(_request_id(headers), endpoint, time.perf_counter())
@@ -214,7 +217,7 @@ class GatewayApp:
                 want_usage=True,
                 pinned=res.pinned,
             )
-            result = await self._forward(fwd, res, tenant, receive)
+            result = await self._forward(fwd, res, tenant, scope, receive)
         except GatewayError as e:
             if lease is not None:
                 await self._settle(lease, 0)
@@ -313,7 +316,7 @@ class GatewayApp:
         return adm.lease
 
     async def _forward(
-        self, fwd: ForwardRequest, res: Resolution, tenant: TenantInfo, receive: Receive
+        self, fwd: ForwardRequest, res: Resolution, tenant: TenantInfo, scope: Scope, receive: Receive
     ) -> ForwardResult:
         gw = self.gw
         # asyncio.timeout(request_timeout_s) without its context-manager object: one loop timer
@@ -322,21 +325,26 @@ class GatewayApp:
         assert task is not None
         cancelling = task.cancelling()
         expired: list[bool] = []
-        timer = asyncio.get_running_loop().call_later(gw.settings.request_timeout_s, _expire, task, expired)
-        gone: list[bool] = []  # the client disconnected while waiting for a cold load
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(gw.settings.request_timeout_s, _expire, task, expired)
+        # A client that goes away before the answer starts (cold or warm, streamed or not) cancels
+        # the router's work at once: the replica sees the connection close and stops generating,
+        # a cold-waiter place (SPEC §15) and the concurrency slot are freed, the log says 499.
+        # Our uvicorn protocol calls a hook in the scope (no task per request); under another
+        # ASGI server a task waits for ``http.disconnect``.
+        gone: list[bool] = []
+        watcher: asyncio.Task[None] | None = None
+        hook = scope.get(DISCONNECT_HOOK, _NO_HOOK)
+        if hook is None:
+            scope[DISCONNECT_HOOK] = functools.partial(_disconnected, task, gone)
+        elif hook is _NO_HOOK:
+            watcher = loop.create_task(_cancel_on_disconnect(receive, task, gone))
+        else:  # GONE: the connection dropped while the request was being admitted
+            timer.cancel()
+            raise GatewayError(499, "client_disconnected", "The client went away.")
         try:
-            with gw.cold.enter(res.version, tenant) as cold:
-                # a client that gives up frees its cold-waiter place at once (SPEC §15)
-                watcher = (
-                    asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, task, gone))
-                    if cold
-                    else None
-                )
-                try:
-                    result = await gw.router.forward(fwd)
-                finally:
-                    if watcher is not None:
-                        watcher.cancel()
+            with gw.cold.enter(res.version, tenant):
+                result = await gw.router.forward(fwd)
         except RouterError as e:
             raise GatewayError(e.status, e.code, e.message, retry_after=e.retry_after) from None
         except TimeoutError:
@@ -349,6 +357,10 @@ class GatewayApp:
             raise
         finally:
             timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            elif scope[DISCONNECT_HOOK] is not GONE:
+                scope[DISCONNECT_HOOK] = None
         if result.cold_load and res.version is not None:
             gw.metrics.cold_wait.labels(res.version.adapter_id, res.version.version).observe(result.queue_s)
         return result
@@ -608,6 +620,12 @@ def list_models(snap: RoutingSnapshot, tenant: TenantInfo) -> dict[str, Any]:
 
 def _expire(task: asyncio.Task[Any], expired: list[bool]) -> None:
     expired.append(True)
+    task.cancel()
+
+
+def _disconnected(task: asyncio.Task[Any], gone: list[bool]) -> None:
+    """The server's disconnect hook (``gateway.coalesce.DISCONNECT_HOOK``) while a request waits."""
+    gone.append(True)
     task.cancel()
 
 
