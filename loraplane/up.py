@@ -264,7 +264,7 @@ async def run_up(
         traffic = local_traffic(admin_app, gateway.metrics.registry)  # the console's traffic page
         servers = [
             make_server(admin_app, host, admin_port, log_level=gsettings.log_level),
-            make_server(create_gateway_app(gateway), host, port, log_level=gsettings.log_level),
+            make_server(create_gateway_app(gateway, local=True), host, port, log_level=gsettings.log_level),
         ]
         stop = asyncio.Event()
         serving = asyncio.create_task(serve_all(servers, stop))
