@@ -316,7 +316,7 @@ async def run_up(
         uvicorn_level = "debug" if gsettings.log_level.upper() == "DEBUG" else "warning"
         servers = [
             make_server(admin_app, host, admin_port, log_level=uvicorn_level),
-            make_server(create_gateway_app(gateway), host, port, log_level=uvicorn_level),
+            make_server(create_gateway_app(gateway, local=True), host, port, log_level=uvicorn_level),
         ]
         stop = asyncio.Event()
 
