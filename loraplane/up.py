@@ -337,6 +337,7 @@ async def run_up(
             engine,
             promotion_ttl_s=reg_settings.promotion_ttl_s,
             local_counters=gateway.canary if isinstance(gateway.canary, MemoryCanaryCounters) else None,
+            feed=feed,
         )
         gw_url, admin_url = f"http://{host}:{port}", f"http://{host}:{admin_port}"
         print(f"gateway   {gw_url}/v1   (OpenAI-compatible)", flush=True)

@@ -34,7 +34,6 @@ import aiohttp
 import orjson
 
 from registry.snapshot import VersionInfo
-from router.settings import RouterSettings
 from router.store import LORA_NAME_RE
 
 CHUNK = 1024 * 1024
@@ -290,23 +289,3 @@ class AgentStager:
 
 
 StagerFactory = Callable[[str], Stager]
-
-
-def make_stagers(
-    settings: RouterSettings, artifacts: ReadableStore, session: aiohttp.ClientSession
-) -> dict[str, Stager]:
-    """The stager of each pool (its ``staging`` config)."""
-    stagers: dict[str, Stager] = {}
-    for p in settings.pools:
-        if p.staging.mode == "agent":
-            stagers[p.name] = AgentStager(
-                p.staging.url_template,
-                p.staging.token.get_secret_value() if p.staging.token else None,
-                artifacts,
-                session,
-                replica_dir=p.staging.dir,
-                timeout_s=max(settings.load_timeout_s, 30.0),
-            )
-        else:
-            stagers[p.name] = LocalStager(p.staging.dir or settings.resolved_staging_dir(), artifacts)
-    return stagers

@@ -209,7 +209,7 @@ class ReplicaState:
             pool=self.pool.name,
             healthy=self.healthy,
             max_loras=self.pool.max_loras,
-            max_adapters=self.pool.max_adapters,
+            max_adapters=self.pool.evict_bound,
             residents=residents,
             inflight=self.inflight,
             running=m.running,
@@ -384,7 +384,8 @@ class ReplicaStore:
                 rep.healthy = True
                 log.info("replica healthy", extra={"replica": rep.url, "pool": rep.pool.name})
                 self._update_gauge(rep.pool.name)
-            self.reconcile(rep, models, started)
+            if rep.driver.capabilities.lists_adapters:  # else our records are the (advisory) ledger
+                self.reconcile(rep, models, started)
         else:
             self.mark_failure(rep, error)
         rep.polled.set()

@@ -17,7 +17,7 @@ from registry.repositories import state as state_repo
 from registry.repositories.pagination import Page, clamp_limit, decode_cursor, page_of
 from registry.services.records import AuditRecord
 
-# Every action name of SPEC §13, plus ``adapter.updated`` and ``version.quality_gate``.
+# Every action name of SPEC §13 and §19, plus ``adapter.updated`` and ``version.quality_gate``.
 ACTIONS = (
     "base_model.created",
     "adapter.created",
@@ -30,6 +30,8 @@ ACTIONS = (
     "adapter.disabled",
     "adapter.enabled",
     "version.disabled",
+    "version.enabled",  # SPEC §19: POST …/versions/{v}/enable
+    "version.canary_cleared",  # SPEC §19: DELETE /adapters/{id}/canary
     "tenant.created",
     "tenant.updated",
     "key.issued",
