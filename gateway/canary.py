@@ -3,8 +3,8 @@
 Only requests for an adapter that has a canary when they are resolved are counted, for the
 version that served them (the canary and the active arm alike). An answer counts as an *error*
 when it is a 5xx (replica errors, wrong-adapter answers — the router turns those into 502 — and
-timeouts, streams the router ended with an error event included — a replica's own in-band error
-event followed by its ``[DONE]`` is not told apart from a good end yet); 4xx answers (the
+timeouts, streams the router ended with an error event included, and streams in which the
+engine sent its own in-band error event, logged 502 ``engine_error``); 4xx answers (the
 client's fault, rate limits) and client disconnects (499) are not counted at all. An answer
 that another version served (the adapter's load-failure fallback, SPEC §15) is an error of the
 version asked for.

@@ -1,8 +1,10 @@
 """Parse and check an OpenAI completion request body; estimate its tokens for admission.
 
 Only what the gateway itself needs is checked strictly (``model``, ``messages`` / ``prompt``,
-``stream``, ``stream_options``, ``max_tokens``, ``user``, ``n``); every other field goes to the
-replica, which answers its own 400s (passed through in our error shape). Any malformed body is a
+``stream``, ``stream_options``, ``max_tokens``, ``user``, ``n``), and the JSON types of the
+sampling parameters (``gateway.sampling``: ``temperature: "hot"`` is a 400, as vLLM answers it);
+every other field, and every range, goes to the replica, which answers its own 400s (passed
+through in our error shape). Any malformed body is a
 400 ``invalid_request`` — never a 500: that includes NUL or other control characters in the
 strings the gateway reads itself (``model``, ``user``, a message's ``role``; the text sent to the
 model is the replica's business), a ``max_tokens`` beyond 2³¹−1 and JSON nested past orjson's
@@ -17,6 +19,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.errors import invalid
+from gateway.sampling import CHAT, COMPLETIONS, check_sampling
 from kit.inputs import CONTROL_MESSAGE, INT32_MAX, has_control
 
 Endpoint = Literal["chat/completions", "completions"]
@@ -145,6 +148,7 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
         n = 1
     if not _is_int(n) or n < 1 or n > 128:
         raise invalid("'n' must be an integer between 1 and 128", "n")
+    check_sampling(body, CHAT if endpoint == "chat/completions" else COMPLETIONS)
     return ParsedRequest(
         body=body,
         model=model,

@@ -58,6 +58,7 @@ def make_server(
         http=CoalescingHttpToolsProtocol,  # httptools, one socket write per answer
         lifespan=lifespan,
         log_level=log_level.lower(),
+        log_config=None,  # uvicorn's records go to the process's own handler (kit.logs): one format
         access_log=False,
         # nothing reads the client address (no X-Forwarded-For rewriting: one middleware call less)
         proxy_headers=False,

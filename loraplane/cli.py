@@ -9,6 +9,7 @@ Sub-apps (module attribute → command group):
   registry.cli:principals_app    → loraplane principals create|list|show|update|token|revoke
   registry.cli:promotions_app    → loraplane promotions list|show|approve|reject
   registry.cli:bulk_app          → loraplane bulk rollback|disable|enable
+  registry.cli:contexts_app      → loraplane contexts list|use
 Single commands (module attribute → command):
   simulator.cli:simulate         → loraplane simulate --port P --model NAME …
   loraplane.up:up                → loraplane up
@@ -44,6 +45,7 @@ _GROUPS = [
     ("registry.cli", "principals_app", "principals"),
     ("registry.cli", "promotions_app", "promotions"),
     ("registry.cli", "bulk_app", "bulk"),
+    ("registry.cli", "contexts_app", "contexts"),
 ]
 _COMMANDS = [
     ("simulator.cli", "simulate", "simulate"),
@@ -55,9 +57,31 @@ _COMMANDS = [
 ]
 
 
-@app.callback()
-def _root() -> None:
-    """loraplane — LoRA adapters as a service on a shared pool of vLLM replicas."""
+def _root(
+    ctx: typer.Context,
+    url: str | None = typer.Option(
+        None, "--url", help="Admin API base URL for the command (env LORAPLANE_ADMIN_URL)."
+    ),
+    token: str | None = typer.Option(None, "--token", help="Admin bearer token (env LORAPLANE_ADMIN_TOKEN)."),
+    context: str | None = typer.Option(
+        None,
+        "--context",
+        help="Saved credentials to use (`loraplane login`, `up`: 'local') (env LORAPLANE_CONTEXT).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print raw JSON answers instead of tables."),
+    wide: bool = typer.Option(False, "--wide", help="Tables: never cut or leave out a column."),
+) -> None:
+    """loraplane — LoRA adapters as a service on a shared pool of vLLM replicas.
+
+    Global options go before the command (`loraplane --context prod adapters list`) and apply to
+    every admin API command; the same options after the command win over them."""
+    if url or token or context or as_json or wide:
+        from registry.cli._common import CliOptions
+
+        ctx.obj = CliOptions(url, token, as_json, context, wide)
+
+
+app.callback()(_root)
 
 
 def _load(module: str, attr: str) -> object | None:
@@ -66,15 +90,21 @@ def _load(module: str, attr: str) -> object | None:
     return getattr(importlib.import_module(module), attr, None)
 
 
+_VALUED = {"--url", "--token", "--context"}  # the root options that take a value
+
+
 def _requested() -> str | None:
-    """The sub-command named on the command line, if any (``loraplane adapters list`` → adapters),
-    only when this process *is* the CLI (console script or ``python -m loraplane.cli``); an
-    importer such as a test runner always gets every command."""
+    """The sub-command named on the command line, if any (``loraplane --context x adapters list``
+    → adapters), only when this process *is* the CLI (console script or ``python -m
+    loraplane.cli``); an importer such as a test runner always gets every command."""
     argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
     if argv0.name != "loraplane" and argv0.resolve() != Path(__file__).resolve():
         return None
-    for arg in sys.argv[1:]:
-        if not arg.startswith("-"):
+    args = iter(sys.argv[1:])
+    for arg in args:
+        if arg in _VALUED:
+            next(args, None)
+        elif not arg.startswith("-"):
             return arg
     return None
 

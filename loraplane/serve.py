@@ -92,6 +92,7 @@ async def run_serve(role: Role) -> None:
             redis=redis,
             redis_prefix=reg_settings.redis_prefix,
             local_counters=gateway.canary if isinstance(gateway.canary, MemoryCanaryCounters) else None,
+            feed=feed,
         )
         servers.append(
             make_server(

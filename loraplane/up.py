@@ -33,6 +33,51 @@ DEMO_ADAPTERS = (("demo-support", 1, "Friendly support assistant (generated demo
                  ("demo-sql", 2, "SQL helper (generated demo adapter)"))  # fmt: skip
 
 
+def port_problem(host: str, port: int, what: str, flag: str) -> str | None:
+    """None when ``host:port`` can be listened on, else the one line that says so and which flag
+    picks another port (checked before anything starts, so a busy port costs no traceback)."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                why = "is in use: stop what listens there, or"
+            elif e.errno == errno.EACCES:
+                why = "needs privileges:"
+            else:
+                why = f"cannot be listened on ({e.strerror}):"
+            return f"port {port} ({what}) on {host} {why} pick another port with {flag} N"
+    return None
+
+
+def save_local_context(data_dir: Path, admin_url: str, token: str) -> str:
+    """Record the admin URL next to the data dir's token and save the CLI context ``local`` (made
+    current), so ``loraplane …`` finds this platform from any directory. Returns the line to print."""
+    from registry.cli.contexts import (
+        LOCAL_CONTEXT,
+        ContextError,
+        list_contexts,
+        record_local_up,
+        save_context,
+    )
+
+    record_local_up(data_dir, admin_url)
+    try:
+        previous, _ = list_contexts()
+        path = save_context(LOCAL_CONTEXT, admin_url, token)
+    except (OSError, ContextError) as e:
+        return f"CLI context not saved ({e}); pass --url {admin_url} and --token to the CLI"
+    was = ""
+    if previous not in (None, LOCAL_CONTEXT):
+        was = f" (it was {previous!r}: `loraplane contexts use {previous}` goes back)"
+    return f"CLI context {LOCAL_CONTEXT!r} saved in {path} and made current{was}"
+
+
 def admin_token_for(data_dir: Path) -> tuple[str, bool]:
     """``LORAPLANE_ADMIN_TOKEN``, else the one persisted in the data dir, else a new one (saved)."""
     env = os.environ.get("LORAPLANE_ADMIN_TOKEN")
@@ -195,6 +240,8 @@ async def run_up(
     host: str = "127.0.0.1", replica_engine: str = "sim", vllm: VllmOptions | None = None,
     sim_behaviours: str | None = None,
 ) -> None:  # fmt: skip
+    import sqlalchemy.engine.url as sa_url
+
     from gateway import GatewaySettings, build_gateway, create_gateway_app
     from gateway.serving import make_server, serve_all, wait_started
     from kit.db import make_engine, make_session_factory, session_scope
@@ -219,6 +266,8 @@ async def run_up(
     reg_settings = RegistrySettings(**common, admin_host=host, admin_port=admin_port)
     url = reg_settings.resolved_database_url()
     await asyncio.to_thread(migrate.upgrade, url)
+    shown = sa_url.make_url(url).render_as_string(hide_password=True)
+    print(f"database  {shown} (migrated to {migrate.head()})", flush=True)
     engine = make_engine(url, timeout_s=reg_settings.database_timeout_s)
     factory = make_session_factory(engine)
 
@@ -262,12 +311,19 @@ async def run_up(
             evaluator_settings=EvaluatorSettings(eval_gateway_url=f"http://{gw_host}:{port}"),
         )  # fmt: skip
         traffic = local_traffic(admin_app, gateway.metrics.registry)  # the console's traffic page
+        # up prints the addresses itself, where the two uvicorn servers would each log "Started
+        # server process", "Waiting for application startup" … (the same lines twice)
+        uvicorn_level = "debug" if gsettings.log_level.upper() == "DEBUG" else "warning"
         servers = [
-            make_server(admin_app, host, admin_port, log_level=gsettings.log_level),
-            make_server(create_gateway_app(gateway), host, port, log_level=gsettings.log_level),
+            make_server(admin_app, host, admin_port, log_level=uvicorn_level),
+            make_server(create_gateway_app(gateway), host, port, log_level=uvicorn_level),
         ]
         stop = asyncio.Event()
-        serving = asyncio.create_task(serve_all(servers, stop))
+
+        async def drain() -> None:  # SIGTERM/SIGINT: streams in flight finish first (SPEC §18)
+            await gateway.drain(gsettings.drain_s)
+
+        serving = asyncio.create_task(serve_all(servers, stop, drain=drain))
         try:
             await wait_started(servers)
         except BaseException:
@@ -281,6 +337,7 @@ async def run_up(
             engine,
             promotion_ttl_s=reg_settings.promotion_ttl_s,
             local_counters=gateway.canary if isinstance(gateway.canary, MemoryCanaryCounters) else None,
+            feed=feed,
         )
         gw_url, admin_url = f"http://{host}:{port}", f"http://{host}:{admin_port}"
         print(f"gateway   {gw_url}/v1   (OpenAI-compatible)", flush=True)
@@ -288,6 +345,7 @@ async def run_up(
         print(f"console   {admin_url}/admin/ui/   (sign in with the admin token)", flush=True)
         print(f"admin token: {token}" + ("   (generated; saved in " + str(data_dir / "admin_token") + ")"
                                          if generated else ""), flush=True)  # fmt: skip
+        print(save_local_context(data_dir, f"http://{gw_host}:{admin_port}", token), flush=True)
         if demo:
             try:
                 info = await asyncio.to_thread(setup_demo, admin_url, token, base_model, data_dir, spec)
@@ -401,6 +459,13 @@ def up(
             hf_id=hf_id,
         )  # fmt: skip
 
+    if port == admin_port:
+        typer.echo(f"error: --port and --admin-port are both {port}: give them different ports", err=True)
+        raise typer.Exit(1)
+    for p, what, flag in ((port, "gateway", "--port"), (admin_port, "admin API", "--admin-port")):
+        if problem := port_problem("127.0.0.1", p, what, flag):
+            typer.echo(f"error: {problem}", err=True)
+            raise typer.Exit(1)
     if sim_behaviours:  # checked before anything starts; a file is passed by its absolute path
         from simulator.behaviours import BehaviourError, load_behaviours
 
@@ -413,6 +478,9 @@ def up(
     setup_logging(
         os.environ.get("LORAPLANE_LOG_LEVEL", "INFO"), os.environ.get("LORAPLANE_LOG_JSON", "1") != "0"
     )
+    # one line per fact: up prints its own database line, where alembic says its dialect at
+    # every connection (and the servers' addresses: see run_up)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     uvloop.run(
         run_up(
             data_dir=data_dir,

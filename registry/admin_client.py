@@ -495,8 +495,9 @@ class AdminClient(GovernanceCalls, QualityCalls):
             body["limits"] = limits
         return self.request("POST", "/tenants", json_body=body)
 
-    def list_tenants(self) -> list[JSON]:
-        return self._list_all("/tenants", {})
+    def list_tenants(self, adapter_id: str | None = None, limit: int | None = None) -> list[JSON]:
+        """Tenants (``adapter_id``: only those granted that adapter)."""
+        return self._list_all("/tenants", {"adapter_id": adapter_id}, limit)
 
     def get_tenant(self, tenant_id: str) -> JSON:
         return self.request("GET", f"/tenants/{_q(tenant_id)}")
@@ -555,8 +556,12 @@ class AdminClient(GovernanceCalls, QualityCalls):
         subject_id: str | None = None,
         since: str | None = None,
         limit: int | None = None,
+        newest_first: bool = False,
     ) -> list[JSON]:
+        """Audit events, oldest first (``newest_first``: the ``limit`` most recent, newest first)."""
         params = {"action": action, "subject_type": subject_type, "subject_id": subject_id, "since": since}
+        if newest_first:
+            params["order"] = "desc"
         return self._list_all("/audit", params, limit)
 
 

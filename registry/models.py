@@ -118,6 +118,8 @@ class VersionRow(Base):
     rollback_to: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     quality_gate: Mapped[str] = mapped_column(sa.String(16), default="skipped")
     quality_gate_details: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, nullable=True)
+    # who recorded the gate last (POST …/quality-gate or the evaluator); null: set at upload
+    quality_gate_by: Mapped[str | None] = mapped_column(sa.String(255), nullable=True)
     created_by: Mapped[str] = mapped_column(sa.String(255))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # registered by reference: where from, and (hf://) the commit the revision resolved to
@@ -262,6 +264,7 @@ class PromotionRequestRow(Base):
     seen_active_version: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     seen_canary_version: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     seen_version_status: Mapped[str] = mapped_column(sa.String(16))
+    seen_quality_gate: Mapped[str | None] = mapped_column(sa.String(16), nullable=True)
     decided_by: Mapped[str | None] = mapped_column(sa.String(255), nullable=True)
     comment: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

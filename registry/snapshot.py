@@ -36,6 +36,10 @@ class VersionInfo:
     storage_uri: str  # "s3://bucket/prefix/…/" or "file:///abs/dir/"
     base_model: str
     rollback_to: str | None = None  # the version that was active when this one was promoted
+    # The version's registry row id: a stable integer per version, never reused for other bytes
+    # (rows are never deleted; a version's bytes never change). Engines that cache adapters by an
+    # integer id (TensorRT-LLM's lora_int_id) get this one. 0 = unknown.
+    int_id: int = 0
     # Name under which this version is loaded into vLLM; never shown to clients. Made once
     # (the request path asks for it several times per request).
     lora_name: str = field(init=False, repr=False, compare=False)

@@ -56,7 +56,7 @@ class SlotClaims:
         deadline = self._clock() + self._settings.load_timeout_s
         while True:
             claim = await self._cluster.claim(
-                rep.url, name, rep.pool.max_adapters, candidates, since, self._caps(rep)
+                rep.url, name, rep.pool.evict_bound, candidates, since, self._caps(rep)
             )
             if claim.outcome == "reserved":
                 self._queued.discard((rep.url, name))

@@ -66,7 +66,8 @@ class ForwardResult:
     stream: AsyncIterator[bytes] | None = None  # SSE bytes (already rewritten), for stream=True
     usage: Usage | None = None  # filled when known (non-stream: at once; stream: at its end)
     # streams: set when the stream ended with an error event instead of the replica's [DONE]
-    # (``upstream_error`` | ``upstream_timeout`` | ``wrong_adapter``), known once it has ended
+    # (``upstream_error`` | ``upstream_timeout`` | ``wrong_adapter``), or the engine sent its own
+    # in-band error event (``engine_error``); known once it has ended
     stream_error: str | None = None
     # set when the adapter's ``on_load_failure`` policy served something else (SPEC §15):
     # ``previous_version`` | ``base_model``, and the version that answered (``base`` for the model)

@@ -48,7 +48,8 @@ from router.requests import RequestLoop
 from router.sender import Sender
 from router.settings import RouterSettings
 from router.shared_view import SharedView
-from router.staging import ReadableStore, make_stagers
+from router.stagers import make_stagers
+from router.staging import ReadableStore
 from router.store import ReplicaState, ReplicaStore, parse_lora_name
 from router.unloader import Unloader
 
@@ -122,13 +123,10 @@ class Router:
         stream_timeout = aiohttp.ClientTimeout(
             total=None, connect=s.connect_timeout_s, sock_read=s.upstream_idle_timeout_s
         )
+        staging_dir = s.resolved_staging_dir()
         drivers = self._drivers = {
             p.name: make_driver(
-                p.engine,
-                session,
-                p.api_key.get_secret_value() if p.api_key else None,
-                timeout,
-                stream_timeout,
+                p, session, staging_dir=staging_dir, timeout=timeout, stream_timeout=stream_timeout
             )
             for p in s.pools
         }
@@ -140,10 +138,18 @@ class Router:
         )
         stagers = make_stagers(s, self._artifacts, session)
         unloader = self._unloader = Unloader(s, store, stagers, self._events, self.metrics, self.cluster)
-        loader = self._loader = Loader(
-            s, store, stagers, self._events, self.metrics, self.cluster, unloader, clock=self._clock
-        )
         hot = HotSet(s, store, clock=self._clock)
+        loader = self._loader = Loader(
+            s,
+            store,
+            stagers,
+            self._events,
+            self.metrics,
+            self.cluster,
+            unloader,
+            clock=self._clock,
+            is_hot=lambda name: name in hot.targets,
+        )
         planner = self._planner = Planner(store, self.profile, hot, self.metrics, clock=self._clock)
         self._requests = RequestLoop(
             store,
@@ -275,8 +281,8 @@ class Router:
             self._reconciler.kick()
 
     def _on_poll(self, rep: ReplicaState, models: ModelsInfo | None) -> None:
-        if models is None:
-            return
+        if models is None or not rep.driver.capabilities.lists_adapters:
+            return  # an advisory ledger is not what the replica lists
         ours = [n for n in models.adapters if parse_lora_name(n) is not None]
         self._spawn(self.cluster.sync_models(rep.url, ours, rep.poll_started_wall))
 

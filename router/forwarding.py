@@ -4,7 +4,10 @@ streaming passed through chunk by chunk, usage accounting, wrong-adapter detecti
 The hot path does not re-parse answers: the replica's ``"model":"<lora_name>"`` is found and
 replaced by the client's model string with a byte search (vLLM writes compact JSON, and that
 byte sequence cannot occur inside a JSON string, where quotes are escaped). Only the small
-usage chunk of a stream is parsed.
+usage chunk of a stream is parsed, and an engine's in-band error event (``data: {"error": …}``
+on an HTTP 200, vLLM's way of failing after the stream started): it is passed on in the
+gateway's error shape (code ``engine_error``) and recorded in ``ForwardResult.stream_error``, so
+the request counts as failed (access log, metrics, canary analysis), not as a success.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ log = logging.getLogger("loraplane.router.forward")
 
 MODEL_KEY = b'"model":"'
 DONE = b"data: [DONE]"
+ERROR_EVENT = b'data: {"error"'  # an engine's in-band error event (vLLM's, compact or not)
+ENGINE_ERROR = "engine_error"  # ``ForwardResult.stream_error`` after one
 _USAGE_RE = re.compile(rb'"(prompt_tokens|completion_tokens|total_tokens)":(\d+)')
 
 
@@ -90,9 +95,27 @@ def parse_usage(payload: bytes) -> Usage | None:
     )
 
 
-def error_event(message: str, code: str = "upstream_error") -> bytes:
+def _error_data(message: str, code: str) -> bytes:
     err = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
-    return b"data: " + orjson.dumps(err) + b"\n\n" + DONE + b"\n\n"
+    return b"data: " + orjson.dumps(err) + b"\n\n"
+
+
+def error_event(message: str, code: str = "upstream_error") -> bytes:
+    return _error_data(message, code) + DONE + b"\n\n"
+
+
+def engine_error_event(event: bytes) -> bytes:
+    """The engine's own in-band error event (vLLM: ``data: {"error": {"message", "type", "param",
+    "code": <int>}}``, from ``json.dumps``, then its ``[DONE]``) in the gateway's error shape: the
+    engine's message, ``type`` ``server_error``, ``code`` ``engine_error``."""
+    message = "the engine failed while streaming the answer"
+    try:
+        err = orjson.loads(event[6:]).get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str) and err["message"]:
+            message = f"replica error: {err['message'][:1000]}"
+    except (orjson.JSONDecodeError, AttributeError):
+        pass
+    return _error_data(message, ENGINE_ERROR)
 
 
 class StreamRelay:
@@ -133,6 +156,10 @@ class StreamRelay:
             if not ev:
                 continue
             if ev.startswith(b"data: {"):
+                if ev.startswith(ERROR_EVENT):  # the engine failed after the stream started
+                    self._result.stream_error = ENGINE_ERROR
+                    out.append(engine_error_event(ev))
+                    continue
                 if b'"usage":{' in ev:
                     u = parse_usage(ev)
                     if u is not None:

@@ -54,8 +54,10 @@ class Loader:
         *,
         clock: Callable[[], float],
         wall: Callable[[], float] = time.time,
+        is_hot: Callable[[str], bool] = lambda lora_name: False,
     ) -> None:
         self._settings = settings
+        self._is_hot = is_hot  # a hot version is loaded pinned where the engine can pin
         self._store = store
         self._stagers = stagers
         self._audit = audit
@@ -231,13 +233,16 @@ class Loader:
             raise
         self._record(rep, version, "loading")
         await self._cluster.set_state(rep.url, name, "loading")
-        res = await rep.driver.load(rep.url, name, path, self._settings.load_timeout_s)
+        driver = rep.driver
+        pinned = driver.capabilities.pinning and self._is_hot(name)
+        timeout = self._settings.load_timeout_s
+        res = await driver.load(rep.url, name, path, timeout, pinned=pinned, int_id=version.int_id)
         if res.failure == "not_found":
             # The staged copy went between staging and the load (another gateway process cleaned
             # the shared directory in that moment): stage it again and try once more.
             with contextlib.suppress(StagingError):
                 path = await stager.stage(rep.url, rep.host, version)
-                res = await rep.driver.load(rep.url, name, path, self._settings.load_timeout_s)
+                res = await driver.load(rep.url, name, path, timeout, pinned=pinned, int_id=version.int_id)
         if not (res.ok or res.failure == "conflict"):
             failure = res.failure or "other"
             if failure == "replica_down":

@@ -97,7 +97,8 @@ class Poller:
                 rep.healthy = True
                 log.info("replica healthy", extra={"replica": rep.url, "pool": rep.pool.name})
                 self._store.health_changed(rep.pool.name)
-            self.reconcile(rep, models, started)
+            if rep.driver.capabilities.lists_adapters:  # else our records are the (advisory) ledger
+                self.reconcile(rep, models, started)
         else:
             self._store.outliers.mark_failure(rep, error)
         rep.polled.set()

@@ -143,7 +143,7 @@ class Reconciler:
         # what the replica has registered: a load in progress is not yet (while a claim's victims
         # unload, their slots and the new one's both count: that is not an excess)
         present = [r for r in rep.residents.values() if r.state in ("resident", "unloading")]
-        excess = len(present) - rep.pool.max_adapters
+        excess = len(present) - rep.pool.evict_bound
         if excess <= 0:
             return
         targets = self._hot.targets

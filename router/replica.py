@@ -201,7 +201,7 @@ class ReplicaState:
             pool=pool.name,
             healthy=self.healthy,
             max_loras=m.max_lora or pool.max_loras,
-            max_adapters=pool.max_adapters,
+            max_adapters=pool.evict_bound,
             residents={n: self.snapshot(n) for n in self.residents},
             inflight=self.inflight,
             running=m.running,

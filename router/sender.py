@@ -61,9 +61,12 @@ class Sender:
         failed). Raises ``Retryable`` / ``WrongAdapter`` / ``UpstreamTimeout`` before the first byte."""
         version = req.version
         driver = rep.driver
-        model = driver.request_model(version.lora_name if version else None, rep.pool.served_name)
+        fields = driver.request_fields(
+            version.lora_name if version else None, version.int_id if version else 0, rep.pool.served_name
+        )
+        model = fields["model"]
         body = dict(req.body)
-        body["model"] = model
+        body.update(fields)
         if req.stream and req.want_usage:
             opts = body.get("stream_options")
             body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
@@ -131,13 +134,15 @@ class Sender:
             raise
         try:
             status = resp.status
-            kind = driver.classify_answer(status, adapter=version is not None)
-            if kind != "ok":
-                text = await resp.read()
+            error_body: bytes | None = None
+            if status != 200:  # an error's few bytes: what it means is the driver's to say
+                error_body = await read_body(resp)
                 resp.release()
+                kind = driver.classify_answer(status, error_body, adapter=version is not None)
                 if kind == "adapter_missing":
                     raise Retryable(f"replica does not know {model}", adapter_missing=True, answered=True)
-                raise Retryable(f"replica answered HTTP {status}: {text[:200]!r}", answered=True)
+                if kind != "ok":
+                    raise Retryable(f"replica answered HTTP {status}: {error_body[:200]!r}", answered=True)
             rewriter = make_rewriter(model, req.client_model)
             out_headers = {"content-type": resp.headers.get("Content-Type", "application/json")}
             result = ForwardResult(
@@ -163,8 +168,11 @@ class Sender:
                     raise
                 result.stream = relay.iterate(first)
                 return result
-            data = await read_body(resp)
-            resp.release()
+            if error_body is not None:
+                data = error_body
+            else:
+                data = await read_body(resp)
+                resp.release()
             if status == 200:
                 data, wrong = rewriter.rewrite(data)
                 if wrong is not None:

@@ -9,6 +9,10 @@
 or with ``"dns": "vllm.svc:8000"`` (re-resolved every ``dns_interval_s``) instead of ``urls``, and
 ``"staging": {"mode": "agent", "url_template": "http://{host}:9090", "token": "…"}`` to stage
 through ``loraplane agent`` running beside each replica.
+
+``"engine"`` picks the pool's driver (``vllm`` | ``sglang`` | ``ray-serve`` | ``trtllm``; see
+``router.capabilities``). A ``ray-serve`` pool stages by publishing to the app's
+``dynamic_lora_loading_path``: ``"staging": {"mode": "publish", "uri": "s3://bucket/loras/"}``.
 """
 
 from __future__ import annotations
@@ -19,14 +23,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, SecretStr, model_validator
 
 from kit.settings import LoraplaneSettings
+from router.capabilities import EngineName, capabilities_of
 
 
 class StagingConfig(BaseModel):
     """Where a pool's replicas read adapter files from."""
 
-    mode: Literal["local", "agent"] = Field(
+    mode: Literal["local", "agent", "publish"] = Field(
         default="local",
-        description="local: a directory shared with the replicas; agent: `loraplane agent` per replica.",
+        description="local: a directory shared with the replicas; agent: `loraplane agent` per replica; "
+        "publish: verified files published under the version's name to `uri`, where an engine that "
+        "loads adapters by name reads them (ray-serve's dynamic_lora_loading_path).",
     )
     dir: Path | None = Field(
         default=None,
@@ -38,6 +45,22 @@ class StagingConfig(BaseModel):
         description="agent mode: agent URL for a replica; {host} is the replica's host name or IP.",
     )
     token: SecretStr | None = Field(default=None, description="agent mode: bearer token of the agent.")
+    uri: str | None = Field(
+        default=None,
+        description="publish mode: where to publish, `s3://bucket/prefix/` (the engine's "
+        "dynamic_lora_loading_path) or `file:///dir` (simulated replicas only).",
+    )
+    endpoint_url: str | None = Field(
+        default=None, description="publish mode, s3: the S3 endpoint (default: boto3's, AWS_ENDPOINT_URL)."
+    )
+    region: str | None = Field(default=None, description="publish mode, s3: the region.")
+    access_key_id: str | None = Field(
+        default=None, description="publish mode, s3: access key (default: boto3's credential chain)."
+    )
+    secret_access_key: SecretStr | None = Field(default=None, description="publish mode, s3: secret key.")
+
+
+UNBOUNDED = 1 << 30  # ``PoolConfig.evict_bound`` of a pool whose engine evicts by itself
 
 
 class PoolConfig(BaseModel):
@@ -80,7 +103,10 @@ class PoolConfig(BaseModel):
         description="Of each replica's max_loras, this many are kept for adapters marked hot: a replica "
         "whose other slots are busy with cold adapters takes no further cold adapter (SPEC §15).",
     )
-    engine: Literal["vllm"] = Field(default="vllm", description="Engine driver of the replicas.")
+    engine: EngineName = Field(
+        default="vllm",
+        description="Engine of the replicas: vllm | sglang | ray-serve | trtllm (docs/engines.md).",
+    )
     api_key: SecretStr | None = Field(default=None, description="Replica --api-key, sent as a bearer token.")
     staging: StagingConfig = Field(default_factory=StagingConfig, description="How files are staged.")
 
@@ -88,14 +114,49 @@ class PoolConfig(BaseModel):
     def _check(self) -> PoolConfig:
         if self.urls and self.dns:
             raise ValueError(f"pool {self.name}: give either urls or dns, not both")
+        self._check_engine_staging()
         if self.max_adapters < self.max_loras:
             self.max_adapters = self.max_loras
         self.urls = [u.rstrip("/") for u in self.urls]
         return self
 
+    def _check_engine_staging(self) -> None:
+        """The staging an engine's load mode needs (``router.capabilities``)."""
+        caps = capabilities_of(self.engine)
+        mode = self.staging.mode
+        if caps.load_mode == "lazy_by_name" and mode != "publish":
+            raise ValueError(
+                f"pool {self.name}: engine {self.engine} loads adapters by name from a store; set "
+                'staging {"mode": "publish", "uri": "s3://bucket/prefix/"} (its dynamic_lora_loading_path)'
+            )
+        if mode == "publish":
+            if caps.load_mode != "lazy_by_name":
+                raise ValueError(
+                    f"pool {self.name}: staging mode publish is for engines that load adapters by name "
+                    f"(ray-serve); engine {self.engine} reads staged files (mode local or agent)"
+                )
+            uri = self.staging.uri or ""
+            if not (uri.startswith("s3://") and len(uri) > 5) and not uri.startswith("file:///"):
+                raise ValueError(
+                    f"pool {self.name}: staging mode publish needs uri s3://bucket/prefix/ (or file:///dir "
+                    "for simulated replicas)"
+                )
+        if caps.load_mode == "per_request" and mode == "agent" and self.staging.dir is None:
+            raise ValueError(
+                f"pool {self.name}: engine {self.engine} is told the adapter's path in every request; "
+                "set staging.dir to the staging directory as the replicas see it"
+            )
+
     @property
     def served_name(self) -> str:
         return self.served_model or self.base_model
+
+    @property
+    def evict_bound(self) -> int:
+        """Adapters the plane keeps registered per replica, evicting beyond it: ``max_adapters``,
+        or no bound for an engine whose own LRU bounds what it holds (the plane never evicts for
+        room there; ``router.capabilities``)."""
+        return self.max_adapters if capabilities_of(self.engine).plane_evicts else UNBOUNDED
 
 
 class RouterSettings(LoraplaneSettings):

@@ -35,7 +35,6 @@ import orjson
 
 from registry.snapshot import VersionInfo
 from router.replica import LORA_NAME_RE
-from router.settings import RouterSettings
 
 CHUNK = 1024 * 1024
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -290,23 +289,3 @@ class AgentStager:
 
 
 StagerFactory = Callable[[str], Stager]
-
-
-def make_stagers(
-    settings: RouterSettings, artifacts: ReadableStore, session: aiohttp.ClientSession
-) -> dict[str, Stager]:
-    """The stager of each pool (its ``staging`` config)."""
-    stagers: dict[str, Stager] = {}
-    for p in settings.pools:
-        if p.staging.mode == "agent":
-            stagers[p.name] = AgentStager(
-                p.staging.url_template,
-                p.staging.token.get_secret_value() if p.staging.token else None,
-                artifacts,
-                session,
-                replica_dir=p.staging.dir,
-                timeout_s=max(settings.load_timeout_s, 30.0),
-            )
-        else:
-            stagers[p.name] = LocalStager(p.staging.dir or settings.resolved_staging_dir(), artifacts)
-    return stagers

@@ -96,14 +96,17 @@ class Unloader:
                 adapter_id,
                 {"version": version, "replica": rep.url, "lora_name": lora_name, "reason": reason},
             )
-        await self._cleanup(rep, lora_name)
+        if reason != "evict" or not rep.driver.capabilities.implicit_reload:
+            # an engine that reloads a name it has seen by itself reads the files later: they stay
+            # until the version is retired or disabled (for a published one: it is unpublished then)
+            await self._cleanup(rep, lora_name)
         return True
 
     async def _cleanup(self, rep: ReplicaState, lora_name: str) -> None:
         """Remove staged files once no replica sharing the staging location still uses them —
         as this process sees it, and as the cluster's records say (another gateway process may be
         staging or loading the same files onto one of them right now)."""
-        local = rep.pool.staging.mode == "local"
+        local = rep.pool.staging.mode != "agent"  # one directory (or published prefix) for the pool
         sharing = [
             other.url
             for other in self._store.replicas.values()

@@ -4,7 +4,7 @@ A behaviour set is a JSON object whose keys are globs over the ``lora_name`` a r
 by (the base name for base-model requests) and whose values say how those answers misbehave::
 
     {"support@v2-*": {"error_rate": 0.05, "latency_factor": 2, "refusal_rate": 0.1,
-                      "output": "json"}}
+                      "output": "json", "stream_error_rate": 0.2}}
 
 Every field is optional (defaults: healthy). ``parse_behaviours`` validates strictly and lists
 every problem; ``load_behaviours`` reads an inline object (text starting with ``{``) or a file
@@ -40,7 +40,7 @@ __all__ = [
 ENV_VAR = "LORAPLANE_SIM_BEHAVIOURS"
 OutputKind = Literal["text", "json", "broken_json"]
 OUTPUTS: tuple[OutputKind, ...] = ("text", "json", "broken_json")
-_FIELDS = ("error_rate", "latency_factor", "refusal_rate", "output")
+_FIELDS = ("error_rate", "latency_factor", "refusal_rate", "output", "stream_error_rate")
 _MAX_LATENCY_FACTOR = 1000.0
 _MAX_KEY_LEN = 512
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -60,6 +60,9 @@ class Behaviour:
     latency_factor: float = 1.0  # multiplies the timing model's durations for these answers (>= 1)
     refusal_rate: float = 0.0  # share of choices whose text is a refusal
     output: OutputKind = "text"  # text, a valid JSON object, or a truncated (invalid) one
+    # share of *streamed* requests whose stream fails after some tokens with the in-band error
+    # vLLM's stream generator sends for an exception (``data: {"error": …}`` then ``[DONE]``)
+    stream_error_rate: float = 0.0
 
     @property
     def healthy(self) -> bool:
@@ -154,6 +157,7 @@ def parse_behaviours(obj: Any) -> BehaviourSet:
             problems.append(f"{where} has unknown key(s) {unknown}; allowed: {list(_FIELDS)}")
         error_rate = _rate(where, "error_rate", spec.get("error_rate", 0.0), problems)
         refusal_rate = _rate(where, "refusal_rate", spec.get("refusal_rate", 0.0), problems)
+        stream_error_rate = _rate(where, "stream_error_rate", spec.get("stream_error_rate", 0.0), problems)
         factor = spec.get("latency_factor", 1.0)
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor):
             problems.append(f"{where}.latency_factor must be a number, got {json.dumps(factor)}")
@@ -169,7 +173,7 @@ def parse_behaviours(obj: Any) -> BehaviourSet:
             problems.append(f"{where}.output must be one of {list(OUTPUTS)}, got {json.dumps(output)}")
             output = "text"
         if not problems:
-            rules.append((key, Behaviour(error_rate, float(factor), refusal_rate, output)))
+            rules.append((key, Behaviour(error_rate, float(factor), refusal_rate, output, stream_error_rate)))
     if problems:
         raise BehaviourError(problems)
     return BehaviourSet(tuple(rules))

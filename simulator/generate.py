@@ -54,6 +54,10 @@ async def handle_generate(app: SimApp, req: Request, chat: bool) -> None:
             )
             p.choices.append(ch)
             k += 1
+    rate = behaviour.stream_error_rate
+    if p.stream and rate > 0 and draws.draw("stream-error") < rate:
+        fewest = min(ch.gen.num_tokens for ch in p.choices)  # fails before the first choice ends
+        p.stream_error_after = int(draws.draw("stream-error-at") * fewest)
     app.metrics.mark_traffic()
     app.in_flight += 1
     try:

@@ -42,6 +42,8 @@ class Parsed:
     include_usage: bool
     continuous_usage: bool
     choices: list[Choice] = field(default_factory=list)
+    # a behaviour's ``stream_error_rate`` drew this stream: it fails after this many tokens
+    stream_error_after: int | None = None
 
 
 def _bad(message: str, param: str | None = None) -> LoadError:

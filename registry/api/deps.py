@@ -1,15 +1,14 @@
 """Admin API plumbing: the app's shared state and the one commit point. Who may call what is
 declared per route with :func:`registry.auth.dependencies.requires`.
 
-``write(state, fn)`` runs ``fn(session)`` in one transaction (``kit.db.session_scope``) that the
-change feed joins (``bind_feed``: PostgreSQL notifies on commit) and publishes after the commit
-(``publish_committed``); ``read(state, fn)`` is the read-only counterpart; ``dry(state, fn)`` runs
-``fn`` and rolls everything back (a bulk ``dry_run``: the same checks, nothing kept or published).
+``write(state, fn)`` runs ``fn(session)`` in one transaction through the change writer
+(:mod:`registry.writer`: the change feed joins it and hears of it on commit); ``read(state, fn)``
+is the read-only counterpart; ``dry(state, fn)`` runs ``fn`` and rolls everything back (a bulk
+``dry_run``: the same checks, nothing kept or published).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -19,11 +18,10 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from kit.db import session_scope
-from registry.feed import ChangeFeed, bind_feed, publish_committed
+from registry.feed import ChangeFeed
 from registry.replicas import ReplicaDirectory
 from registry.settings import RegistrySettings
-
-log = logging.getLogger("loraplane.registry.api")
+from registry.writer import ChangeWriter
 
 T = TypeVar("T")
 
@@ -45,15 +43,9 @@ def state_of(request: Request) -> AdminState:
 
 
 def write(st: AdminState, fn: Callable[[Session], T]) -> T:
-    """One change = one transaction (with its audit row and revision bump), then publish."""
-    with session_scope(st.factory) as session:
-        bind_feed(session, st.feed)
-        out = fn(session)
-    try:
-        publish_committed(session, st.feed)
-    except Exception as e:
-        log.warning("change feed publish failed", extra={"error": str(e)})
-    return out
+    """One change = one transaction (with its audit row and revision bump), then publish
+    (:class:`registry.writer.ChangeWriter`, the one commit point of every writer)."""
+    return ChangeWriter(st.factory, st.feed)(fn)
 
 
 def dry(st: AdminState, fn: Callable[[Session], T]) -> T:

@@ -37,6 +37,8 @@ def _permission(req: Requirement | None) -> str:
     text = f"`{req.permission}`"
     for field_name, perm in req.fields:
         text += f" (+ `{perm}` to change `{field_name}`)"
+    for flag, perm in req.flags:
+        text += f" (+ `{perm}` to set `{flag}: true`)"
     return text
 
 

@@ -196,7 +196,12 @@ def promote(
     request: Request,
     adapter_id: str,
     version: str,
-    who: Annotated[Principal, _on_adapter("adapter.promote")],
+    who: Annotated[
+        Principal,
+        Depends(
+            requires("adapter.promote", scope=OWNER_OF_ADAPTER, flags={"force": "adapter.force_promote"})
+        ),
+    ],
     body: Annotated[PromoteBody | None, Body()] = None,
 ) -> Any:
     """Make ``version`` active, or with ``canary_weight`` (1–99) the canary with that share.
@@ -204,9 +209,11 @@ def promote(
     A version whose quality gate is ``pending`` or ``failed`` is refused with 409
     ``quality_gate_pending`` / ``quality_gate_failed`` unless ``force`` is true (the
     ``version.promoted`` / ``version.canary`` event then records ``forced_quality_gate``).
+    ``force: true`` needs the permission ``adapter.force_promote`` (admin), whatever the gate.
 
     When the adapter's ``approvals_required`` (or its base model's) is above 0, nothing changes
-    yet: 202 with a ``pending`` promotion request (SPEC §14), executed once approved."""
+    yet: 202 with a ``pending`` promotion request (SPEC §14) that shows ``force`` and what it was
+    made against (``seen``), executed once approved."""
     weight = body.canary_weight if body is not None else None
     force = body.force if body is not None else False
     st = state_of(request)
@@ -254,8 +261,21 @@ def set_quality_gate(
 def rollback(
     request: Request, adapter_id: str, who: Annotated[Principal, _on_adapter("adapter.rollback")]
 ) -> AdapterDetailOut:
-    """The active version's ``rollback_to`` becomes active again (disabled ones skipped)."""
+    """While a canary runs: the canary is dropped and the active version kept. Otherwise the
+    active version's ``rollback_to`` becomes active again (disabled ones skipped); 409
+    ``no_rollback_target`` when there is none."""
     rec = write(state_of(request), lambda s: lifecycle.rollback(s, adapter_id, actor=who.id))
+    return AdapterDetailOut.model_validate(rec)
+
+
+@router.delete("/adapters/{adapter_id}/canary", response_model=AdapterDetailOut, tags=["lifecycle"])
+def end_canary(
+    request: Request, adapter_id: str, who: Annotated[Principal, _on_adapter("adapter.rollback")]
+) -> AdapterDetailOut:
+    """End the canary: its version goes back to ``ready`` and all traffic to the active version,
+    which stays as it is (audit ``version.canary_cleared``). With no canary nothing changes: 200
+    all the same."""
+    rec = write(state_of(request), lambda s: lifecycle.end_canary(s, adapter_id, actor=who.id))
     return AdapterDetailOut.model_validate(rec)
 
 
@@ -291,4 +311,19 @@ def disable_version(
 ) -> AdapterDetailOut:
     """Block one version; disabling the active version rolls back when it can."""
     rec = write(state_of(request), lambda s: lifecycle.disable_version(s, adapter_id, version, actor=who.id))
+    return AdapterDetailOut.model_validate(rec)
+
+
+@router.post(
+    "/adapters/{adapter_id}/versions/{version}/enable", response_model=AdapterDetailOut, tags=["lifecycle"]
+)
+def enable_version(
+    request: Request,
+    adapter_id: str,
+    version: str,
+    who: Annotated[Principal, _on_adapter("version.enable")],
+) -> AdapterDetailOut:
+    """Undo a version's disable: it goes back to ``ready`` (promotable again; its quality gate as
+    it was). 409 ``conflict`` when the version is not disabled."""
+    rec = write(state_of(request), lambda s: lifecycle.enable_version(s, adapter_id, version, actor=who.id))
     return AdapterDetailOut.model_validate(rec)

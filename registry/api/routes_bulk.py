@@ -29,6 +29,7 @@ def _run(st: AdminState, action: str, body: BulkBody, who: Principal) -> BulkOut
         actor=who.id,
         reason=body.reason,
         dry_run=body.dry_run,
+        read_one=lambda fn: read(st, fn),
     )
     return BulkOut.model_validate(result)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from fastapi import APIRouter, Body, Depends, Query, Request
@@ -34,8 +34,11 @@ def list_audit(
     subject_type: str | None = None,
     subject_id: str | None = None,
     since: Annotated[UtcDatetime | None, Query(description="ISO 8601; naive times are UTC.")] = None,
+    order: Annotated[
+        Literal["asc", "desc"], Query(description="asc: oldest first (the default); desc: newest first.")
+    ] = "asc",
 ) -> AuditPage:
-    """Audit events, oldest first."""
+    """Audit events, oldest first (``order=desc``: newest first)."""
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
     page = read(
@@ -48,6 +51,7 @@ def list_audit(
             subject_type=subject_type,
             subject_id=subject_id,
             since=since,
+            order=order,
         ),
     )
     return AuditPage(data=[AuditOut.model_validate(r) for r in page.data], next_cursor=page.next_cursor)

@@ -52,8 +52,14 @@ def list_tenants(
     who: Reader,
     limit: Annotated[int | None, Query()] = None,
     cursor: Annotated[str | None, Query()] = None,
+    adapter_id: Annotated[
+        str | None, Query(description="Only the tenants that hold a grant for this adapter.")
+    ] = None,
 ) -> TenantPage:
-    page = read(state_of(request), lambda s: svc.list_tenants(s, limit=limit, cursor=cursor))
+    """Tenants by id (``adapter_id``: those granted that adapter)."""
+    page = read(
+        state_of(request), lambda s: svc.list_tenants(s, limit=limit, cursor=cursor, adapter_id=adapter_id)
+    )
     return TenantPage(data=[TenantOut.model_validate(r) for r in page.data], next_cursor=page.next_cursor)
 
 

@@ -232,6 +232,12 @@ class VersionOut(_Out):
     source_revision: str | None = Field(
         default=None, description="hf:// imports: the commit sha the revision resolved to; else null."
     )
+    quality_gate_by: str | None = Field(
+        default=None,
+        description="Who recorded the quality gate last (a principal, or `evaluator`); null when it "
+        "is still the one set at upload. A principal who set it by hand cannot approve this "
+        "version's promotion.",
+    )
 
 
 class LimitsOut(_Out):

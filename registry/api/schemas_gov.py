@@ -75,15 +75,33 @@ class ApprovalOut(_Out):
     at: datetime
 
 
+class SeenOut(_Out):
+    active_version: str | None
+    canary_version: str | None
+    version_status: str
+    quality_gate: str | None = Field(
+        description="The version's quality gate when requested (null for requests made before it was "
+        "recorded)."
+    )
+
+
 class PromotionOut(_Out):
     id: str
     adapter_id: str
     version: str
     canary_weight: int | None
+    force: bool = Field(
+        description="Requested with force: the promotion runs even if the version's quality gate is "
+        "pending or failed (needs adapter.force_promote)."
+    )
     requested_by: str
     status: str
     approvals: list[ApprovalOut]
     approvals_required: int
+    seen: SeenOut = Field(
+        description="What the request was made against: the adapter's active and canary versions, the "
+        "version's status and quality gate. A change of any of them makes the request stale."
+    )
     created_at: datetime
     expires_at: datetime
     decided_by: str | None

@@ -9,8 +9,8 @@ which adapter owners the call touches and checks each. A scope that cannot tell 
 does not exist, the body is not valid) defers: the route then answers 404 / 422 itself.
 
 :func:`route_rules` lists every route with its :class:`Requirement`; the README's permission
-table is generated from it (``python -m registry.auth.table``). A route that declares nothing is
-admin-only (:func:`guard`, installed on every admin router).
+table is generated from it (``python -m registry.api.permissions_doc``). A route that declares
+nothing is admin-only (:func:`guard`, installed on every admin router).
 """
 
 from __future__ import annotations
@@ -82,11 +82,13 @@ async def _json_body(request: Request) -> Any:
 class Requirement:
     """A route's declared permission (None: any authenticated principal) and scope, and
     ``fields``: body fields that need a further permission when present (e.g. changing an
-    adapter's ``approvals_required`` needs more than editing its description)."""
+    adapter's ``approvals_required`` needs more than editing its description); ``flags``: body
+    flags that need a further permission when ``true`` (e.g. ``force`` on a promote)."""
 
     permission: str | None
     scope: Scope | None = None
     fields: tuple[tuple[str, str], ...] = ()
+    flags: tuple[tuple[str, str], ...] = ()
 
     async def __call__(
         self, request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)
@@ -96,7 +98,7 @@ class Requirement:
             raise Unauthorized("missing bearer token")
         cfg = auth_config(request)
         scope = self.scope if self.permission is not None else None
-        needs_body = bool(self.fields) or (scope is not None and scope.needs_body)
+        needs_body = bool(self.fields or self.flags) or (scope is not None and scope.needs_body)
         body = await _json_body(request) if needs_body else None
         path = dict(request.path_params)
         if cfg.bootstrap_token and hmac.compare_digest(token.encode(), cfg.bootstrap_token.encode()):
@@ -129,6 +131,12 @@ class Requirement:
                     f"{missing(principal, field_perm, None)} to change {field_name}",
                     details={"permission": field_perm, "field": field_name},
                 )
+        for flag, flag_perm in self.flags:
+            if isinstance(body, dict) and body.get(flag) is True and not role_has(principal.role, flag_perm):
+                raise Forbidden(
+                    f"{missing(principal, flag_perm, None)} to set {flag}",
+                    details={"permission": flag_perm, "field": flag},
+                )
         if self.scope is None or not is_scoped_for(principal.role, perm) or session is None:
             return principal
         owners = self.scope.owners(session, path, body)
@@ -139,14 +147,20 @@ class Requirement:
 
 
 def requires(
-    permission: str | None, *, scope: Scope | None = None, fields: Mapping[str, str] | None = None
+    permission: str | None,
+    *,
+    scope: Scope | None = None,
+    fields: Mapping[str, str] | None = None,
+    flags: Mapping[str, str] | None = None,
 ) -> Requirement:
-    """The dependency a route declares. ``permission`` (and each of ``fields``' values) must be
-    one of ``PERMISSIONS`` (None: any authenticated principal, e.g. ``/whoami``)."""
-    for p in (permission, *(fields or {}).values()):
+    """The dependency a route declares. ``permission`` (and each of ``fields``' and ``flags``'
+    values) must be one of ``PERMISSIONS`` (None: any authenticated principal, e.g. ``/whoami``)."""
+    for p in (permission, *(fields or {}).values(), *(flags or {}).values()):
         if p is not None and p not in PERMISSIONS:
             raise ValueError(f"unknown permission {p!r}")
-    return Requirement(permission, scope, tuple(sorted((fields or {}).items())))
+    return Requirement(
+        permission, scope, tuple(sorted((fields or {}).items())), tuple(sorted((flags or {}).items()))
+    )
 
 
 ADMIN_ONLY = Requirement("principal.write")  # what an undeclared route requires: only admin holds all

@@ -28,8 +28,10 @@ class Principal:
 BOOTSTRAP_ID = "bootstrap"
 BOOTSTRAP = Principal(id=BOOTSTRAP_ID, role="admin", owners=())
 
-# Ids the platform's own actors write into the audit log (SPEC §14): never a principal's id.
-RESERVED_IDS = frozenset({BOOTSTRAP_ID, "router", "evaluator", "canary-analyzer", "admin"})
+# The platform's own actors (SPEC §14): what they record is not a person's judgement.
+PLATFORM_ACTORS = frozenset({"router", "evaluator", "canary-analyzer"})
+# Ids the platform's own actors write into the audit log: never a principal's id.
+RESERVED_IDS = PLATFORM_ACTORS | {BOOTSTRAP_ID, "admin"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +51,17 @@ _ALL = (
     Permission("version.quality_gate", True, "record a version's quality-gate result"),
     Permission("adapter.prewarm", True, "load the active version onto replicas now"),
     Permission("adapter.promote", True, "promote / canary, or request it when approvals are required"),
+    Permission(
+        "adapter.force_promote",
+        False,
+        "promote or request with `force: true`, past a pending or failed quality gate",
+    ),
     Permission("evaluation.run", True, "run evaluations"),
-    Permission("adapter.rollback", True, "roll back (bulk included)"),
+    Permission("adapter.rollback", True, "roll back or end a canary (bulk included)"),
     Permission("adapter.disable", True, "kill switch on (bulk included)"),
     Permission("adapter.enable", True, "kill switch off (bulk included)"),
     Permission("version.disable", True, "block one version"),
+    Permission("version.enable", True, "take a disabled version back to ready"),
     Permission("promotion.approve", True, "approve a promotion request (never one's own)"),
     Permission("promotion.reject", True, "reject a promotion request"),
     Permission("tenant.write", False, "tenants, API keys and grants"),
@@ -62,7 +70,9 @@ _ALL = (
 )
 PERMISSIONS: dict[str, Permission] = {p.name: p for p in _ALL}
 
-_EMERGENCY = frozenset({"adapter.rollback", "adapter.disable", "adapter.enable", "version.disable"})
+_EMERGENCY = frozenset(
+    {"adapter.rollback", "adapter.disable", "adapter.enable", "version.disable", "version.enable"}
+)
 _MAINTAIN = frozenset(
     {
         "adapter.create",

@@ -3,9 +3,13 @@ transaction each, audit event included; SPEC §4, §14, §16). Actor: ``canary-a
 
 - :func:`watched_canaries`: canaries to analyse, with their policy, when they began (the
   latest ``version.canary`` event of that version) and their regression set's format checks.
-- :func:`abort_canary`: the registry's clear-canary path (the canary version back to ``ready``),
-  audit ``version.canary_aborted`` with the evidence. A no-op when the canary changed meanwhile.
+- :func:`abort_canary`: the registry's end-canary call (:func:`registry.services.lifecycle.end_canary`:
+  the canary version back to ``ready``), audit ``version.canary_aborted`` with the evidence. A
+  no-op when the canary changed meanwhile.
 - :func:`auto_promote`: ``promote`` where no approval is needed, else a promotion request.
+
+Both run through the analyser's :class:`registry.writer.ChangeWriter`, so gateways hear of the
+change as they do of the admin API's (SPEC §19).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from registry.canary.checks import FormatGroups, format_groups
 from registry.canary.policy import CanaryPolicy
 from registry.models import utcnow
 from registry.services import lifecycle, promotions
-from registry.services.audit import record_change
 
 ACTOR = "canary-analyzer"
 
@@ -76,22 +79,13 @@ def abort_canary(session: Session, w: WatchedCanary, evidence: dict[str, Any]) -
     st = lifecycle.locked(session, w.adapter_id)
     if not _still(st, w):
         return False
-    cleared = st.clear_canary()
-    record_change(
+    lifecycle.end_canary(
         session,
+        w.adapter_id,
         actor=ACTOR,
         action="version.canary_aborted",
-        subject_type="adapter",
-        subject_id=w.adapter_id,
-        details={
-            "version": cleared,
-            "active_version": w.active_version,
-            "canary_weight": w.canary_weight,
-            "policy": w.policy.to_dict(),
-            **evidence,
-        },
+        note={"policy": w.policy.to_dict(), **evidence},
     )
-    st.describe()  # marks pending promotion requests that no longer match stale
     return True
 
 

@@ -12,7 +12,9 @@ traffic.
   tick takes up to :data:`ANSWERS_PER_TICK` sampled answers of each arm and counts those that
   fail (:mod:`registry.canary.checks`, in a worker thread); the counts belong to the window.
 - Breach at a look → the canary is cleared at once (:func:`registry.canary.actions.abort_canary`,
-  audit ``version.canary_aborted`` with the counts, rates and p-values).
+  audit ``version.canary_aborted`` with the counts, rates and p-values). Aborts and promotions are
+  written through :class:`registry.writer.ChangeWriter` with the process's change ``feed``, so
+  every gateway hears of them as of the admin API's changes.
 - ``auto_promote_after_s`` after the canary began, once at least one look has passed without a
   breach (a canary that never had the traffic to be judged is never promoted blind) → promote, or
   a promotion request where approvals are required (filed once per canary; a refusal such as a
@@ -43,6 +45,8 @@ from registry.canary.counters import ArmCounts, CounterSource
 from registry.canary.decide import CheckCounts, due_look, judge
 from registry.canary.lease import Lease
 from registry.canary.metrics import CanaryMetrics, default_metrics
+from registry.feed import ChangeFeed
+from registry.writer import ChangeWriter
 
 log = logging.getLogger("loraplane.canary")
 
@@ -80,8 +84,10 @@ class CanaryAnalyser:
         tick_s: float = 1.0,
         metrics: CanaryMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        feed: ChangeFeed | None = None,
     ) -> None:
         self.factory = session_factory
+        self.write = ChangeWriter(session_factory, feed)  # aborts and promotions: gateways hear of them
         self.counters = counters
         self.lease = lease
         self.promotion_ttl_s = promotion_ttl_s
@@ -177,7 +183,7 @@ class CanaryAnalyser:
                     "window_started_at": _iso(watch.window_start),
                     **verdict.evidence,
                 }
-                done = await asyncio.to_thread(self._read, lambda s: actions.abort_canary(s, w, evidence))
+                done = await asyncio.to_thread(self.write, lambda s: actions.abort_canary(s, w, evidence))
                 if done:
                     m.aborts.labels(w.adapter_id, w.canary_version).inc()
                     log.warning(
@@ -213,7 +219,7 @@ class CanaryAnalyser:
         w = watch.canary
         try:
             kind = await asyncio.to_thread(
-                self._read, lambda s: actions.auto_promote(s, w, ttl_s=self.promotion_ttl_s)
+                self.write, lambda s: actions.auto_promote(s, w, ttl_s=self.promotion_ttl_s)
             )
         except LoraplaneError as e:
             log.warning(

@@ -15,6 +15,7 @@ from kit.db import make_session_factory
 from registry.canary.analyser import CanaryAnalyser
 from registry.canary.counters import CounterSource, RedisCounterSource
 from registry.canary.lease import Lease, LocalLease, RedisLease
+from registry.feed import ChangeFeed
 
 
 def start_analyser(
@@ -25,9 +26,11 @@ def start_analyser(
     redis_prefix: str = "loraplane:",
     local_counters: CounterSource | None = None,
     tick_s: float = 1.0,
+    feed: ChangeFeed | None = None,
 ) -> CanaryAnalyser | None:
     """A running analyser (call from the event loop), or None when this process cannot see the
-    counters (no Redis and no gateway of its own)."""
+    counters (no Redis and no gateway of its own). ``feed``: the process's change feed, which
+    announces the analyser's changes to the gateways."""
     counters: CounterSource
     lease: Lease
     if redis is not None:
@@ -42,6 +45,7 @@ def start_analyser(
         lease=lease,
         promotion_ttl_s=promotion_ttl_s,
         tick_s=tick_s,
+        feed=feed,
     )
     analyser.start()
     return analyser

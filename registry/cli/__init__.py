@@ -10,6 +10,7 @@
 - ``principals_app``  → ``loraplane principals create|list|show|update|token|revoke``
 - ``promotions_app``  → ``loraplane promotions list|show|approve|reject``
 - ``bulk_app``        → ``loraplane bulk rollback|disable|enable``
+- ``contexts_app``    → ``loraplane contexts list|use``
 - ``login``, ``whoami`` → ``loraplane login --url … --token … [--context NAME]``, ``loraplane whoami``
 
 Everything except ``db`` is a pure HTTP client of the admin API (:mod:`registry.admin_client`).
@@ -20,6 +21,7 @@ from registry.cli.adapters import adapters_app
 from registry.cli.base_models import base_models_app
 from registry.cli.bulk import bulk_app
 from registry.cli.canary import canary_policy  # noqa: F401  (registers `adapters canary-policy`)
+from registry.cli.context_cmds import contexts_app
 from registry.cli.db import db_app
 from registry.cli.governance import login, principals_app, promotions_app, whoami  # also `adapters approvals`
 from registry.cli.hf_import import import_version  # noqa: F401  (registers `adapters import`)
@@ -31,6 +33,7 @@ __all__ = [
     "adapters_app",
     "base_models_app",
     "bulk_app",
+    "contexts_app",
     "db_app",
     "login",
     "owners_app",

@@ -1,19 +1,21 @@
 """Shared plumbing of the registry CLI: global options, the admin client, error lines, output.
 
-Every command group takes ``--url`` (env ``LORAPLANE_ADMIN_URL``, default
-``http://127.0.0.1:8081``), ``--token`` (env ``LORAPLANE_ADMIN_TOKEN``), ``--context`` (env
-``LORAPLANE_CONTEXT``: credentials saved by ``loraplane login``) and ``--json``, both on the group
-(``loraplane adapters --json list``) and on each command (``loraplane adapters list --json``); the
-command's value wins. With no token anywhere, the credentials come from the current context or a
-local ``loraplane up`` (:mod:`registry.cli.contexts`).
+Every command group takes ``--url`` (env ``LORAPLANE_ADMIN_URL``), ``--token`` (env
+``LORAPLANE_ADMIN_TOKEN``), ``--context`` (env ``LORAPLANE_CONTEXT``: credentials saved by
+``loraplane login`` or ``loraplane up``), ``--json`` and ``--wide``, on the root (``loraplane
+--context prod adapters list``), on the group (``loraplane adapters --json list``) and on each
+command (``loraplane adapters list --json``); the innermost value wins. Which token goes to which
+URL is :mod:`registry.cli.contexts`' business (a token is only sent to its own URL).
 
-Commands are declared with :func:`admin_command`, which adds those three options (after the
-command's own) and hands the command the merged :class:`CliOptions`; :func:`emit` prints an
-answer as JSON or as a table.
+Commands are declared with :func:`admin_command`, which adds those options (after the command's
+own) and hands the command the merged :class:`CliOptions`; :func:`emit` prints an answer as JSON
+or as a table (:mod:`registry.cli.tables`: ids never cut, descriptions cut to the screen,
+everything whole through a pipe or with ``--wide``).
 
 Errors never show a traceback: an API error prints ``error: STATUS CODE: MESSAGE`` (plus one
-line per problem of an ``invalid_adapter`` answer) on stderr and exits 1; an unreachable
-admin API prints ``error: cannot reach the admin API at URL (is it running?)`` and exits 2.
+line per problem of an ``invalid_adapter`` answer, and for a 401 how to log in) on stderr and
+exits 1; an unreachable admin API prints ``error: cannot reach the admin API at URL (is it
+running?)`` and exits 2.
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ import inspect
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from registry.admin_client import AdminAPIError, AdminClient, AdminUnreachable
 from registry.cli.contexts import ContextError, Credentials, resolve
+from registry.cli.tables import WIDE, Col, Getter, render_record, render_rows, width_limit
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -42,18 +45,23 @@ EXIT_UNREACHABLE = 2
 UrlOpt = Annotated[
     str | None,
     typer.Option(
-        "--url", help="Admin API base URL [env LORAPLANE_ADMIN_URL, default http://127.0.0.1:8081]."
+        "--url", help="Admin API base URL (env LORAPLANE_ADMIN_URL; default http://127.0.0.1:8081)."
     ),
 ]
 TokenOpt = Annotated[
-    str | None, typer.Option("--token", help="Admin bearer token [env LORAPLANE_ADMIN_TOKEN].")
+    str | None, typer.Option("--token", help="Admin bearer token (env LORAPLANE_ADMIN_TOKEN).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer instead of tables.")]
 ContextOpt = Annotated[
     str | None,
     typer.Option(
-        "--context", help="Credentials saved by `loraplane login --context NAME` [env LORAPLANE_CONTEXT]."
+        "--context",
+        help="Credentials saved by `loraplane login --context NAME` (or `up`: 'local') "
+        "(env LORAPLANE_CONTEXT).",
     ),
+]
+WideOpt = Annotated[
+    bool, typer.Option("--wide", help="Tables: never cut or leave out a column, whatever the width.")
 ]
 
 
@@ -63,24 +71,36 @@ class CliOptions:
     token: str | None = None
     as_json: bool = False
     context: str | None = None
+    wide: bool = False
+
+
+def inherited(ctx: typer.Context) -> CliOptions:
+    """The options given on the enclosing commands (the root's ``loraplane --context NAME …``, the
+    group's)."""
+    return ctx.obj if isinstance(ctx.obj, CliOptions) else CliOptions()
 
 
 def group_callback(
     ctx: typer.Context,
-    url: Annotated[
-        str | None, typer.Option("--url", envvar="LORAPLANE_ADMIN_URL", help="Admin API base URL.")
-    ] = None,
-    token: Annotated[
-        str | None, typer.Option("--token", envvar="LORAPLANE_ADMIN_TOKEN", help="Admin bearer token.")
-    ] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
     as_json: JsonOpt = False,
-    context: Annotated[
-        str | None,
-        typer.Option("--context", envvar="LORAPLANE_CONTEXT", help="Credentials saved by `loraplane login`."),
-    ] = None,
+    context: ContextOpt = None,
+    wide: WideOpt = False,
 ) -> None:
     """Options shared by every command of the group."""
-    ctx.obj = CliOptions(url=url or None, token=token or None, as_json=as_json, context=context or None)
+    ctx.obj = merge(inherited(ctx), CliOptions(url, token, as_json, context, wide))
+
+
+def merge(base: CliOptions, over: CliOptions) -> CliOptions:
+    """``over``'s values where given, else ``base``'s."""
+    return CliOptions(
+        url=over.url or base.url,
+        token=over.token or base.token,
+        as_json=over.as_json or base.as_json,
+        context=over.context or base.context,
+        wide=over.wide or base.wide,
+    )
 
 
 def new_group(help_text: str) -> typer.Typer:
@@ -92,29 +112,53 @@ def new_group(help_text: str) -> typer.Typer:
 
 
 def options(
-    ctx: typer.Context, url: str | None, token: str | None, as_json: bool, context: str | None = None
+    ctx: typer.Context,
+    url: str | None,
+    token: str | None,
+    as_json: bool,
+    context: str | None = None,
+    wide: bool = False,
 ) -> CliOptions:
-    """Merge a command's own options over the group's (which already include the env vars)."""
-    base = ctx.obj if isinstance(ctx.obj, CliOptions) else CliOptions()
-    return CliOptions(
-        url=url or base.url,
-        token=token or base.token,
-        as_json=as_json or base.as_json,
-        context=context or base.context,
-    )
+    """Merge a command's own options over the group's and the root's (env vars: see
+    :func:`registry.cli.contexts.resolve`)."""
+    return merge(inherited(ctx), CliOptions(url, token, as_json, context, wide))
+
+
+# the credentials of the command being run, for the hint of a 401 (see handle_errors)
+_USED: ContextVar[Credentials | None] = ContextVar("loraplane_cli_credentials", default=None)
 
 
 def credentials(opts: CliOptions) -> Credentials:
-    """Flags and env first, then the named or current context, then a local ``loraplane up``."""
+    """Flags and env first, then the named context, the one saved for the URL, the current one, a
+    local ``loraplane up`` (:func:`registry.cli.contexts.resolve`)."""
     try:
-        return resolve(opts.url, opts.token, opts.context)
+        creds = resolve(opts.url, opts.token, opts.context)
     except ContextError as exc:
         raise fail(str(exc)) from None
+    _USED.set(creds)
+    return creds
 
 
 def client(opts: CliOptions) -> AdminClient:
     creds = credentials(opts)
     return AdminClient(creds.url, creds.token)
+
+
+def login_hint(creds: Credentials | None) -> str:
+    """How to get past a 401, given the credentials that were sent."""
+    url = creds.url if creds is not None else "URL"
+    login = f"loraplane login --url {url} --token lpa-… --context NAME"
+    if creds is None or creds.token is None:
+        return (
+            f"hint: no admin token was found for {url}. Log in once with `{login}` (or pass --token / "
+            "LORAPLANE_ADMIN_TOKEN); `loraplane up` saves the context 'local' for you."
+        )
+    if creds.source == "flags":
+        return f"hint: {url} refused the token given by --token / LORAPLANE_ADMIN_TOKEN."
+    return (
+        f"hint: {url} refused the token of {creds.source} (revoked, or from another platform's data): "
+        f"log in again with `{login}`."
+    )
 
 
 def err_console() -> Console:
@@ -141,6 +185,8 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except AdminAPIError as exc:
             lines = [f"error: {exc.status} {exc.code}: {exc.message}"]
             lines += [f"  - {p}" for p in exc.problems]
+            if exc.status == 401:
+                lines.append(login_hint(_USED.get()))
             typer.echo("\n".join(lines), err=True)
             raise typer.Exit(EXIT_API_ERROR) from None
         except AdminUnreachable as exc:
@@ -156,6 +202,7 @@ _SHARED_PARAMS = [
     inspect.Parameter("token", inspect.Parameter.KEYWORD_ONLY, annotation=TokenOpt, default=None),
     inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=JsonOpt, default=False),
     inspect.Parameter("context", inspect.Parameter.KEYWORD_ONLY, annotation=ContextOpt, default=None),
+    inspect.Parameter("wide", inspect.Parameter.KEYWORD_ONLY, annotation=WideOpt, default=False),
 ]
 
 
@@ -163,9 +210,9 @@ def admin_command(app: typer.Typer, name: str) -> Callable[[Callable[..., None]]
     """Register ``fn(opts, **own_params)`` as command NAME of APP, a client of the admin API.
 
     The command typer sees takes the context, ``fn``'s parameters after the first (its arguments
-    and options, in order), then ``--url``, ``--token`` and ``--json``; ``fn`` gets those merged
-    over the group's (:func:`options`) as its first argument. Errors go through
-    :func:`handle_errors`.
+    and options, in order), then ``--url``, ``--token``, ``--json``, ``--context`` and ``--wide``;
+    ``fn`` gets those merged over the group's and the root's (:func:`options`) as its first
+    argument. Errors go through :func:`handle_errors`.
     """
 
     def register(fn: Callable[..., None]) -> Callable[..., None]:
@@ -184,9 +231,12 @@ def admin_command(app: typer.Typer, name: str) -> Callable[[Callable[..., None]]
             token: str | None,
             as_json: bool,
             context: str | None,
+            wide: bool,
             **kwargs: Any,
         ) -> None:
-            fn(options(ctx, url, token, as_json, context), **kwargs)
+            opts = options(ctx, url, token, as_json, context, wide)
+            WIDE.set(opts.wide)
+            fn(opts, **kwargs)
 
         # typer reads the parameters from the signature (and resolves hints from __annotations__)
         command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
@@ -234,34 +284,25 @@ def human_bytes(n: int | None) -> str:
 
 
 def print_record(record: dict[str, Any], *, title: str | None = None, skip: Iterable[str] = ()) -> None:
-    """A key/value table of one record."""
-    skipped = set(skip)
-    table = Table(title=title, show_header=False, box=None, pad_edge=False)
-    table.add_column("field", style="bold")
-    table.add_column("value", overflow="fold")
-    for key, value in record.items():
-        if key not in skipped:
-            table.add_row(key, fmt(value))
-    out_console().print(table)
+    """One record as ``field  value`` lines, every value whole."""
+    lines = ([title] if title else []) + render_record(record, fmt, skip)
+    typer.echo("\n".join(lines))
 
 
-Column = tuple[str, Callable[[dict[str, Any]], Any]]
+Column = Col | tuple[str, Getter]
 
 
 def print_rows(
     rows: Sequence[dict[str, Any]], columns: Sequence[Column], *, title: str | None = None
 ) -> None:
-    """A table with one row per record; ``columns`` are (header, getter) pairs."""
-    table = Table(title=title)
-    for header, _ in columns:
-        table.add_column(header, overflow="fold")
-    for row in rows:
-        table.add_row(*(fmt(get(row)) for _, get in columns))
-    console = out_console()
-    if rows:
-        console.print(table)
-    else:
-        console.print(f"(no {title.lower() if title else 'rows'})")
+    """A table with one row per record; ``columns`` are (header, getter) pairs (key columns) or
+    :class:`~registry.cli.tables.Col` (``text(…)``/``extra(…)`` columns may be cut or left out to
+    fit the screen)."""
+    if not rows:
+        typer.echo(f"(no {title.lower() if title else 'rows'})")
+        return
+    lines = ([title] if title else []) + render_rows(rows, columns, fmt, width_limit())
+    typer.echo("\n".join(lines))
 
 
 def field(name: str) -> Callable[[dict[str, Any]], Any]:

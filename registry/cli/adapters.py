@@ -22,6 +22,7 @@ from rich.progress import (
 from registry.admin_client import AdminAPIError, AdminClient, adapter_files
 from registry.cli._common import (
     CliOptions,
+    Column,
     admin_command,
     client,
     emit,
@@ -37,6 +38,7 @@ from registry.cli._common import (
     print_record,
     print_rows,
 )
+from registry.cli.tables import extra, text
 
 adapters_app = new_group(
     "Adapters and their versions: create, update, push, list, show, promote, rollback, disable, enable."
@@ -89,9 +91,9 @@ QualityGateOpt = Annotated[
     ),
 ]
 
-_ADAPTER_COLUMNS = [
+_ADAPTER_COLUMNS: list[Column] = [
     ("id", field("id")),
-    ("base model", field("base_model")),
+    extra("base model", field("base_model")),
     ("status", field("status")),
     ("active", field("active_version")),
     (
@@ -99,19 +101,20 @@ _ADAPTER_COLUMNS = [
         lambda a: f"{a['canary_version']} ({a.get('canary_weight')}%)" if a.get("canary_version") else None,
     ),
     ("hot", field("hot")),
-    ("owner", field("owner")),
-    ("created", field("created_at")),
+    extra("owner", field("owner")),
+    extra("created", field("created_at")),
+    text("description", field("description")),
 ]
-_VERSION_COLUMNS = [
+_VERSION_COLUMNS: list[Column] = [
     ("version", field("version")),
     ("status", field("status")),
     ("rank", field("rank")),
     ("alpha", field("lora_alpha")),
-    ("modules", field("target_modules")),
     ("size", lambda v: human_bytes(sum(int(f.get("size", 0)) for f in v.get("files") or []))),
     ("rollback to", field("rollback_to")),
     ("quality gate", field("quality_gate")),
-    ("created", field("created_at")),
+    extra("created", field("created_at")),
+    text("modules", field("target_modules")),
 ]
 
 
@@ -160,7 +163,9 @@ def _ensure_adapter(
             raise
         if not base:
             raise fail(
-                f"adapter '{adapter_id}' does not exist; pass --base BASE --create to create it"
+                f"adapter '{adapter_id}' does not exist: nothing was uploaded. Pass --base BASE to create "
+                "it with this push (`loraplane base-models list` shows the base models), or create it "
+                f"first: loraplane adapters create {adapter_id} --base BASE"
             ) from None
         admin.create_adapter(adapter_id, base_model=base, owner=owner, description=desc)
         err_console().print(f"created adapter {adapter_id} on base model {base}")
@@ -254,8 +259,7 @@ def push(
     if not files:
         raise fail(f"no files to upload in {directory}")
     with client(opts) as admin:
-        if base or create:
-            _ensure_adapter(admin, adapter, base, create, owner, description)
+        _ensure_adapter(admin, adapter, base, create, owner, description)  # before a byte is sent
         total = sum(p.stat().st_size for p in files)
         progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -364,6 +368,24 @@ def promote(
         return
     what = f"canary at {canary}%" if canary is not None else "active"
     _print_change(result, opts, f"{adapter} {v} is now {what}")
+    if not opts.as_json:
+        _warn_if_ungranted(admin_opts=opts, adapter=adapter, base=result.get("base_model"))
+
+
+def _warn_if_ungranted(*, admin_opts: CliOptions, adapter: str, base: str | None) -> None:
+    """After a promote: when no tenant may call the adapter yet, say so and how to grant it (a
+    newcomer's first request would otherwise get 404 model_not_found)."""
+    try:
+        with client(admin_opts) as admin:
+            granted = admin.list_tenants(adapter_id=adapter, limit=1)
+    except AdminAPIError:
+        return  # e.g. a principal that may not list tenants: no hint rather than an error
+    if not granted:
+        model = f"{base}:{adapter}" if base else adapter
+        err_console().print(
+            f"note: no tenant is granted {adapter} yet, so requests for {model} get 404 "
+            f"model_not_found. Grant it: loraplane tenants grant TENANT {adapter}"
+        )
 
 
 def _details_arg(value: str | None) -> dict[str, Any] | None:

@@ -40,7 +40,11 @@ def selector_of(
 
 
 def _arrow(row: dict[str, Any]) -> str:
-    return f"{row.get('from_version') or '-'} → {row.get('to_version') or '-'}"
+    """``v2 → v1``; a refused change ``v1 (unchanged)``; ``-`` where nothing is served."""
+    before, after = row.get("from_version"), row.get("to_version")
+    if not row.get("ok"):
+        return f"{before or '-'} (unchanged)"
+    return f"{before or '-'} → {after or '-'}"
 
 
 def _error(row: dict[str, Any]) -> str | None:

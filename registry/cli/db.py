@@ -20,7 +20,7 @@ db_app = typer.Typer(
 DbUrlOpt = Annotated[
     str | None,
     typer.Option(
-        "--database-url", help="SQLAlchemy URL [env LORAPLANE_DATABASE_URL, default SQLite in data dir]."
+        "--database-url", help="SQLAlchemy URL (env LORAPLANE_DATABASE_URL; default SQLite in the data dir)."
     ),
 ]
 

@@ -14,12 +14,19 @@ import typer
 from registry.admin_client import DEFAULT_ADMIN_URL, AdminAPIError, AdminClient, AdminUnreachable
 from registry.cli._common import (
     CliOptions,
+    ContextOpt,
+    JsonOpt,
+    TokenOpt,
+    UrlOpt,
     admin_command,
     client,
+    credentials,
     emit,
     fail,
     field,
     handle_errors,
+    inherited,
+    merge,
     new_group,
     out_console,
     print_json,
@@ -49,15 +56,21 @@ def _principal_summary(p: dict[str, Any]) -> str:
 
 @handle_errors
 def login(
+    ctx: typer.Context,
     url: Annotated[str, typer.Option("--url", help="Admin API base URL.")] = DEFAULT_ADMIN_URL,
     token: Annotated[
         str, typer.Option("--token", prompt=True, hide_input=True, help="The principal's lpa-… token.")
     ] = "",
     context: Annotated[
-        str, typer.Option("--context", help="Name of the saved credentials (the current context after this).")
-    ] = DEFAULT_CONTEXT,
+        str | None,
+        typer.Option(
+            "--context",
+            help="Name of the saved credentials (the current context after this) (default: 'default').",
+        ),
+    ] = None,
 ) -> None:
     """Save admin API credentials as a named context (like kubectl) after checking them."""
+    context = context or inherited(ctx).context or DEFAULT_CONTEXT
     try:
         with AdminClient(url, token) as admin:
             me = admin.whoami()
@@ -73,22 +86,19 @@ def login(
 
 @handle_errors
 def whoami(
-    url: Annotated[
-        str | None, typer.Option("--url", envvar="LORAPLANE_ADMIN_URL", help="Admin API URL.")
-    ] = None,
-    token: Annotated[
-        str | None, typer.Option("--token", envvar="LORAPLANE_ADMIN_TOKEN", help="Admin bearer token.")
-    ] = None,
-    context: Annotated[
-        str | None, typer.Option("--context", envvar="LORAPLANE_CONTEXT", help="Saved credentials to use.")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON answer.")] = False,
+    ctx: typer.Context,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    context: ContextOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Who the CLI is talking as: the principal of the token in use."""
-    opts = CliOptions(url=url, token=token, as_json=as_json, context=context)
-    with client(opts) as admin:
+    """Who the CLI is talking as: the principal of the token in use, and where it came from."""
+    opts = merge(inherited(ctx), CliOptions(url=url, token=token, as_json=as_json, context=context))
+    creds = credentials(opts)
+    with AdminClient(creds.url, creds.token) as admin:
         me = admin.whoami()
-    emit(opts, me, summary=None if opts.as_json else f"you are {_principal_summary(me)}")
+    summary = f"you are {_principal_summary(me)} at {creds.url} ({creds.source})"
+    emit(opts, me, summary=None if opts.as_json else summary)
 
 
 # --------------------------------------------------------------------------- principals

@@ -9,6 +9,7 @@ import typer
 
 from registry.cli._common import CliOptions, admin_command, client, emit, field
 from registry.cli.adapters import AdapterArg, _print_change, adapters_app
+from registry.cli.tables import extra, text
 
 
 @admin_command(adapters_app, "prewarm")
@@ -47,8 +48,8 @@ def replicas(opts: CliOptions) -> None:
             ("healthy", field("healthy")),
             ("running", field("running")),
             ("waiting", field("waiting")),
-            ("adapters", _loaded),
-            ("last seen", field("last_seen")),
+            text("adapters", _loaded),
+            extra("last seen", field("last_seen")),
         ],
         title="Replicas",
     )
@@ -65,12 +66,25 @@ def audit(
     since: Annotated[
         str | None, typer.Option("--since", help="ISO 8601 time, e.g. 2026-01-01T00:00:00Z")
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many events.")] = 50,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, help="At most this many events: the most recent ones.")
+    ] = 50,
+    oldest_first: Annotated[
+        bool,
+        typer.Option(
+            "--oldest-first", help="The oldest events (from --since) first, instead of the newest first."
+        ),
+    ] = False,
 ) -> None:
-    """The audit log: every admin change, load, unload, failure."""
+    """The audit log, newest first: every admin change, load, unload, failure."""
     with client(opts) as admin:
         rows = admin.list_audit(
-            action=action, subject_type=subject_type, subject_id=subject_id, since=since, limit=limit
+            action=action,
+            subject_type=subject_type,
+            subject_id=subject_id,
+            since=since,
+            limit=limit,
+            newest_first=not oldest_first,
         )
     emit(
         opts,
@@ -80,7 +94,7 @@ def audit(
             ("actor", field("actor")),
             ("action", field("action")),
             ("subject", lambda e: f"{e.get('subject_type')}:{e.get('subject_id')}"),
-            ("details", field("details")),
+            text("details", field("details")),
         ],
-        title="Audit events",
+        title="Audit events" + (" (oldest first)" if oldest_first else " (newest first)"),
     )

@@ -13,38 +13,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
-from typing import TypeVar
 
 from sqlalchemy import Engine
-from sqlalchemy.orm import Session
 
-from kit.db import make_session_factory, session_scope
-from registry.feed import ChangeFeed, bind_feed, publish_committed
+from kit.db import make_session_factory
+from registry.feed import ChangeFeed
 from registry.quality.settings import EvaluatorSettings
 from registry.quality.worker import EvaluationWorker, Transaction
+from registry.writer import ChangeWriter
 
 log = logging.getLogger("loraplane.registry.evaluator")
-
-T = TypeVar("T")
 
 
 def transaction(engine: Engine, feed: ChangeFeed | None) -> Transaction:
     """One transaction per call, published to the change feed after the commit (so gateways learn
     of the evaluator's keys and gates), as the admin API's writes are."""
-    factory = make_session_factory(engine)
-
-    def tx(fn: Callable[[Session], T]) -> T:
-        with session_scope(factory) as session:
-            bind_feed(session, feed)
-            out = fn(session)
-        try:
-            publish_committed(session, feed)
-        except Exception as e:
-            log.warning("change feed publish failed: %s", e)
-        return out
-
-    return tx
+    return ChangeWriter(make_session_factory(engine), feed)
 
 
 async def run_evaluator(

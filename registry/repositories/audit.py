@@ -36,8 +36,10 @@ def list_rows(
     subject_type: str | None = None,
     subject_id: str | None = None,
     since: datetime | None = None,
+    newest_first: bool = False,
 ) -> list[AuditEventRow]:
-    """Oldest first (chronological), ``limit + 1`` rows so the caller knows if there are more."""
+    """Oldest first (chronological) or ``newest_first``, ``limit + 1`` rows so the caller knows if
+    there are more."""
     filters = [
         (AuditEventRow.action, action),
         (AuditEventRow.subject_type, subject_type),
@@ -45,5 +47,6 @@ def list_rows(
     ]
     later = [AuditEventRow.ts >= since] if since is not None else []
     return keyset_rows(
-        session, AuditEventRow, AuditEventRow.id, limit=limit, after=after_id, equal=filters, where=later
-    )
+        session, AuditEventRow, AuditEventRow.id, limit=limit, after=after_id, equal=filters, where=later,
+        descending=newest_first,
+    )  # fmt: skip

@@ -77,13 +77,15 @@ def keyset_rows(
     after: Any = None,
     equal: Iterable[tuple[InstrumentedAttribute[Any], Any]] = (),
     where: Iterable[sa.ColumnElement[bool]] = (),
+    descending: bool = False,
 ) -> list[T]:
     """Up to ``limit + 1`` rows of ENTITY in KEY order with KEY > ``after`` (when given), so the
-    caller knows if there are more. ``equal``: (column, value) filters applied when the value is
-    given (not None or empty); ``where``: further conditions."""
-    q = sa.select(entity).order_by(key).limit(limit + 1)
+    caller knows if there are more; with ``descending``, in reverse KEY order with KEY <
+    ``after``. ``equal``: (column, value) filters applied when the value is given (not None or
+    empty); ``where``: further conditions."""
+    q = sa.select(entity).order_by(key.desc() if descending else key).limit(limit + 1)
     if after is not None:
-        q = q.where(key > after)
+        q = q.where(key < after if descending else key > after)
     for column, value in equal:
         if value:
             q = q.where(column == value)

@@ -21,8 +21,15 @@ def add(session: Session, row: TenantRow | ApiKeyRow | GrantRow) -> None:
     session.flush()
 
 
-def list_rows(session: Session, *, limit: int, after: str | None = None) -> list[TenantRow]:
-    return keyset_rows(session, TenantRow, TenantRow.id, limit=limit, after=after)
+def list_rows(
+    session: Session, *, limit: int, after: str | None = None, granted: str | None = None
+) -> list[TenantRow]:
+    """A page of tenants by id; ``granted``: only those holding a grant for that adapter."""
+    where = []
+    if granted is not None:
+        held = sa.select(GrantRow.tenant_id).where(GrantRow.adapter_id == granted)
+        where.append(TenantRow.id.in_(held))
+    return keyset_rows(session, TenantRow, TenantRow.id, limit=limit, after=after, where=where)
 
 
 def all_rows(session: Session) -> list[TenantRow]:

@@ -11,12 +11,13 @@ import anyio.to_thread
 from sqlalchemy.orm import Session, sessionmaker
 
 from kit.db import session_scope
+from kit.errors import InvalidRequest
 from registry.repositories import audit as audit_repo
 from registry.repositories import state as state_repo
 from registry.repositories.pagination import Page, clamp_limit, decode_cursor, page_of
 from registry.services.records import AuditRecord
 
-# Every action name of SPEC §13, plus ``adapter.updated`` and ``version.quality_gate``.
+# Every action name of SPEC §13 and §19, plus ``adapter.updated`` and ``version.quality_gate``.
 ACTIONS = (
     "base_model.created",
     "adapter.created",
@@ -29,6 +30,8 @@ ACTIONS = (
     "adapter.disabled",
     "adapter.enabled",
     "version.disabled",
+    "version.enabled",  # SPEC §19: POST …/versions/{v}/enable
+    "version.canary_cleared",  # SPEC §19: DELETE /adapters/{id}/canary
     "tenant.created",
     "tenant.updated",
     "key.issued",
@@ -40,6 +43,7 @@ ACTIONS = (
     "adapter.load_failed",
     "adapter.hash_mismatch",
 )
+ORDERS = ("asc", "desc")
 ROUTER_ACTIONS = ("adapter.loaded", "adapter.unloaded", "adapter.load_failed", "adapter.hash_mismatch")
 
 
@@ -66,7 +70,14 @@ def list_events(
     subject_type: str | None = None,
     subject_id: str | None = None,
     since: datetime | None = None,
+    order: str = "asc",
 ) -> Page[AuditRecord]:
+    """A page of events, oldest first (``order`` ``asc``, the default) or newest first (``desc``);
+    a cursor continues in the order it was made in."""
+    if order not in ORDERS:
+        raise InvalidRequest(
+            "order must be 'asc' (oldest first) or 'desc' (newest first)", details={"field": "order"}
+        )
     n = clamp_limit(limit)
     rows = audit_repo.list_rows(
         session,
@@ -76,6 +87,7 @@ def list_events(
         subject_type=subject_type,
         subject_id=subject_id,
         since=since,
+        newest_first=order == "desc",
     )
     items, nxt = page_of(rows, n, lambda r: r.id)
     return Page([AuditRecord.of(r) for r in items], nxt)

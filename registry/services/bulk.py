@@ -10,7 +10,9 @@ event carrying ``details.bulk_id`` and ``details.reason``. A refusal of one (409
 ``no_rollback_target``, 404) is its result and does not stop the others.
 
 Per result, ``from_version`` / ``to_version`` are the version served before / after (the
-active version of an enabled adapter; null when the adapter is disabled or has none).
+active version of an enabled adapter; null when the adapter is disabled or has none). A refused
+change leaves the adapter as it was: both are the version it serves (read with ``read_one`` when
+the caller gives it), so a dry run's table shows ``v1 (unchanged)`` rather than nothing.
 """
 
 from __future__ import annotations
@@ -144,6 +146,21 @@ def _change(
     return change
 
 
+def _served_now(read_one: Runner[str | None] | None, adapter_id: str) -> str | None:
+    """The version an adapter serves now (None when unknown, disabled or without one)."""
+    if read_one is None:
+        return None
+
+    def served(session: Session) -> str | None:
+        row = adapter_row(session, adapter_id)
+        return f"v{row.active_version}" if row.status == "active" and row.active_version is not None else None
+
+    try:
+        return read_one(served)
+    except LoraplaneError:
+        return None
+
+
 def run(
     action: str,
     adapter_ids: list[str],
@@ -152,6 +169,7 @@ def run(
     actor: str,
     reason: str | None,
     dry_run: bool,
+    read_one: Runner[str | None] | None = None,
 ) -> BulkResult:
     if action not in ACTIONS:
         raise InvalidRequest(f"unknown bulk action {action!r}")
@@ -163,11 +181,13 @@ def run(
         try:
             frm, to = run_one(change)
         except LoraplaneError as e:
-            items.append(BulkItem(adapter_id, False, None, None, BulkError(e.code, e.message)))
+            served = _served_now(read_one, adapter_id)
+            items.append(BulkItem(adapter_id, False, served, served, BulkError(e.code, e.message)))
             continue
         except IntegrityError:
             msg = "the change conflicts with a concurrent one; retry"
-            items.append(BulkItem(adapter_id, False, None, None, BulkError("conflict", msg)))
+            served = _served_now(read_one, adapter_id)
+            items.append(BulkItem(adapter_id, False, served, served, BulkError("conflict", msg)))
             continue
         items.append(BulkItem(adapter_id, True, frm, to, None))
     ok = sum(1 for i in items if i.ok)

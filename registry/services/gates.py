@@ -4,10 +4,12 @@
 - At upload the gate is ``skipped`` (the default: nothing to wait for) or ``pending`` (an eval
   will report); ``passed``/``failed`` are results, recorded later with :func:`set_quality_gate`.
 - :func:`set_quality_gate` locks the adapter row (so it serialises with promotions), replaces the
-  gate and its details (no details → null) and writes one ``version.quality_gate`` event
-  (``details``: version, from, to, details) with a revision bump, in the caller's transaction. A
-  call that changes nothing (same gate, same details) writes nothing. Disabled versions can
-  still have their gate recorded.
+  gate and its details (no details → null), records who set it (``quality_gate_by``: the
+  separation of duties of :mod:`registry.services.promotions` reads it) and writes one
+  ``version.quality_gate`` event (``details``: version, from, to, details) with a revision bump,
+  in the caller's transaction. A gate that changes makes the version's pending promotion requests
+  ``stale`` (SPEC §19). A call that changes nothing (same gate, same details) writes nothing.
+  Disabled versions can still have their gate recorded.
 - Promotion (active or canary) of a ``pending`` version is refused with 409
   ``quality_gate_pending``, of a ``failed`` one with 409 ``quality_gate_failed``, unless forced:
   :func:`check_promotable`. Rollback is never gated (it restores a version that was in service).
@@ -29,6 +31,7 @@ from registry.repositories import adapters as repo
 from registry.services.adapters import adapter_row, version_row
 from registry.services.audit import record_change
 from registry.services.records import VersionRecord
+from registry.services.staleness import mark_stale
 
 QUALITY_GATES = ("pending", "passed", "failed", "skipped")
 UPLOAD_GATES = ("pending", "skipped")  # what an upload may start with
@@ -108,14 +111,17 @@ def set_quality_gate(
     """Record a gate result (see module doc); returns the version record."""
     check_gate(status)
     details = check_details(details)
-    adapter_row(session, adapter_id, for_update=True)
+    adapter = adapter_row(session, adapter_id, for_update=True)
     row = version_row(session, adapter_id, version)
     before = row.quality_gate
     if before == status and row.quality_gate_details == details:
         return VersionRecord.of(row)
     row.quality_gate = status
     row.quality_gate_details = details
+    row.quality_gate_by = actor
     repo.flush(session)
+    if before != status:
+        mark_stale(session, adapter, {v.number: v for v in repo.versions_of(session, adapter_id)})
     record_change(
         session,
         actor=actor,

@@ -1,4 +1,5 @@
-"""The state machine of SPEC §4 / §13: promote, canary, rollback, kill switches.
+"""The state machine of SPEC §4 / §13 / §19: promote, canary, end a canary, rollback, kill
+switches, re-enable a version.
 
 Every function locks the adapter row first (``SELECT … FOR UPDATE`` on PostgreSQL; SQLite
 serialises writers with ``BEGIN IMMEDIATE``), reads the versions after the lock, changes them in
@@ -6,7 +7,13 @@ an order that never has two active (or two canary) versions even between stateme
 partial unique indexes would refuse it), and records the change (audit + revision) in the
 same transaction. Each returns the adapter as described (with its versions).
 
-Version statuses: ``ready`` → ``canary`` / ``active`` → ``retired``; any → ``disabled``.
+Version statuses: ``ready`` → ``canary`` / ``active`` → ``retired``; any → ``disabled`` →
+``ready`` (:func:`enable_version`).
+
+Rollback while a canary runs drops the canary and keeps the active version; without one it steps
+back along ``rollback_to`` (SPEC §19). :func:`end_canary` drops the canary alone, idempotently.
+Disabling the active version rolls back and writes ``adapter.rolled_back`` next to
+``version.disabled``.
 
 Promotion respects quality gates (:mod:`registry.services.gates`): a ``pending`` or ``failed``
 version is refused (409 ``quality_gate_pending`` / ``quality_gate_failed``) unless ``force``, and
@@ -187,11 +194,59 @@ def promote(
     return st.describe()
 
 
+def end_canary(
+    session: Session,
+    adapter_id: str,
+    *,
+    actor: str,
+    note: dict[str, Any] | None = None,
+    action: str = "version.canary_cleared",
+) -> AdapterRecord:
+    """Clear the canary (back to ``ready``), active untouched; no canary: nothing changes.
+    ``action``: the audit action (the canary analyser's abort is ``version.canary_aborted``)."""
+    st = LockedAdapter(session, adapter_id)
+    weight = st.adapter.canary_weight
+    cleared = st.clear_canary()
+    if cleared is None:
+        return st.describe()
+    active = st.adapter.active_version
+    record_change(
+        session,
+        actor=actor,
+        action=action,
+        subject_type="adapter",
+        subject_id=adapter_id,
+        details={
+            "version": cleared,
+            "canary_weight": weight,
+            "active_version": version_name(active) if active is not None else None,
+            **(note or {}),
+        },
+    )
+    return st.describe()
+
+
 def rollback(
     session: Session, adapter_id: str, *, actor: str, note: dict[str, Any] | None = None
 ) -> AdapterRecord:
     st = LockedAdapter(session, adapter_id)
     active = st.with_status("active")
+    if active is not None and st.with_status("canary") is not None:
+        cleared = st.clear_canary()  # during a canary: back to the active version alone
+        record_change(
+            session,
+            actor=actor,
+            action="adapter.rolled_back",
+            subject_type="adapter",
+            subject_id=adapter_id,
+            details={
+                "version": version_name(active.number),
+                "from": cleared,
+                "canary_cleared": cleared,
+                **(note or {}),
+            },
+        )
+        return st.describe()
     target = st.rollback_target(active) if active is not None else None
     if active is None or target is None:
         raise Conflict(f"adapter {adapter_id!r} has no version to roll back to", code="no_rollback_target")
@@ -222,10 +277,11 @@ def disable_version(
     if target.status == "disabled":
         return st.describe()
     rolled_back_to = None
+    canary_cleared = None
     was = target.status
     if was == "active":
         back = st.rollback_target(target)
-        st.clear_canary()
+        canary_cleared = st.clear_canary()
         if back is not None:
             st.activate(back, retire=target, retire_status="disabled")
             rolled_back_to = version_name(back.number)
@@ -246,6 +302,46 @@ def disable_version(
         subject_type="adapter",
         subject_id=adapter_id,
         details={"version": name, "previous_status": was, "rolled_back_to": rolled_back_to, **(note or {})},
+    )
+    if rolled_back_to is not None:  # the rollback it caused, findable as one (SPEC §19)
+        record_change(
+            session,
+            actor=actor,
+            action="adapter.rolled_back",
+            subject_type="adapter",
+            subject_id=adapter_id,
+            details={
+                "version": rolled_back_to,
+                "from": name,
+                "canary_cleared": canary_cleared,
+                "cause": "version.disabled",
+                **(note or {}),
+            },
+        )
+    return st.describe()
+
+
+def enable_version(
+    session: Session, adapter_id: str, version: str, *, actor: str, note: dict[str, Any] | None = None
+) -> AdapterRecord:
+    """Take a ``disabled`` version back to ``ready`` (its quality gate as it was); 409 otherwise."""
+    st = LockedAdapter(session, adapter_id)
+    target = st.version(version)
+    name = version_name(target.number)
+    if target.status != "disabled":
+        raise Conflict(
+            f"version {name} of adapter {adapter_id!r} is {target.status}, not disabled",
+            details={"version": name, "status": target.status},
+        )
+    target.status = "ready"
+    repo.flush(session)
+    record_change(
+        session,
+        actor=actor,
+        action="version.enabled",
+        subject_type="adapter",
+        subject_id=adapter_id,
+        details={"version": name, "quality_gate": target.quality_gate, **(note or {})},
     )
     return st.describe()
 

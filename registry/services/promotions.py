@@ -1,24 +1,31 @@
-"""Approval before promote (SPEC §14).
+"""Approval before promote (SPEC §14, §19).
 
 ``approvals_required`` (≥ 0) is set on a base model and may be overridden per adapter (null =
 the base model's). With 0, :func:`promote_or_request` promotes at once (SPEC §4). Above 0 it
 checks the promotion could run now (same rules as :func:`registry.services.lifecycle.promote`,
-quality gate included) and records a ``pending`` request instead, changing nothing served.
+quality gate included) and records a ``pending`` request instead, changing nothing served. The
+request remembers what it was made against (``seen``: the adapter's active and canary versions,
+the version's status and quality gate) and whether it was ``force``d past a blocking gate.
 
 :func:`approve` locks the adapter row, then the request row (the state machine locks the
 adapter first too, so the two never deadlock), and refuses: the requester itself (403
-``self_approval``), a second approval by one principal (409 ``already_approved``), a request
-no longer pending (409 ``promotion_not_pending``). An expired request is written ``expired``
-(409 ``promotion_expired``); one whose adapter changed is written ``stale`` (409
-``promotion_stale``) — these two are committed before the error is answered, so the caller
-gets an :class:`Outcome` with ``error`` set rather than an exception. When distinct approvals
-reach the number required (as requested, or more if ``approvals_required`` was raised since),
-the promotion runs in the same transaction (quality gate checked
-again; a refusal rolls the approval back too) and the request becomes ``executed``.
+``self_approval``); the principal who recorded the version's quality gate by hand (403
+``gate_setter_approval``: separation of duties — whoever judged the version's quality cannot also
+be the approval that lets it through, so it always takes someone else); a second approval by one
+principal (409 ``already_approved``); a request no longer pending (409 ``promotion_stale`` for a
+stale one, ``promotion_not_pending`` otherwise). A request found expired is written ``expired``
+(409 ``promotion_expired``); one whose adapter, version status or version gate changed is written
+``stale`` (409 ``promotion_stale``) — these two are committed before the error is answered, so
+the caller gets an :class:`Outcome` with ``error`` set rather than an exception. :func:`reject`
+refuses expired and stale requests the same way. When distinct approvals reach the number
+required (as requested, or more if ``approvals_required`` was raised since), the promotion runs
+in the same transaction (quality gate checked again; a refusal rolls the approval back too) and
+the request becomes ``executed``.
 
-Audit: ``promotion.requested`` / ``approved`` / ``rejected`` (no revision bump: nothing served
-changes) and ``promotion.executed`` next to the promote's own ``version.promoted`` /
-``version.canary`` event (``details.promotion_id``).
+Audit: ``promotion.requested`` (always with ``force`` and the ``quality_gate`` seen, plus
+``forced_quality_gate`` when the force overrides a blocking gate) / ``approved`` / ``rejected``
+(no revision bump: nothing served changes) and ``promotion.executed`` next to the promote's own
+``version.promoted`` / ``version.canary`` event (``details.promotion_id``).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from sqlalchemy.orm import Session
 
 from kit.errors import Conflict, Forbidden, InvalidRequest, LoraplaneError, NotFound
 from kit.ids import version_name
-from registry.auth import Principal
+from registry.auth import PLATFORM_ACTORS, Principal
 from registry.models import PromotionRequestRow, utcnow
 from registry.repositories import audit as audit_repo
 from registry.repositories import promotions as repo
@@ -53,15 +60,27 @@ class ApprovalRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class SeenRecord:
+    """What a request was made against; a change of any of it makes the request ``stale``."""
+
+    active_version: str | None
+    canary_version: str | None
+    version_status: str
+    quality_gate: str | None  # null: a request made before gates were recorded on requests
+
+
+@dataclass(frozen=True, slots=True)
 class PromotionRecord:
     id: str
     adapter_id: str
     version: str
     canary_weight: int | None
+    force: bool
     requested_by: str
     status: str
     approvals: list[ApprovalRecord]
     approvals_required: int
+    seen: SeenRecord
     created_at: datetime
     expires_at: datetime
     decided_by: str | None
@@ -78,12 +97,19 @@ class PromotionRecord:
             adapter_id=row.adapter_id,
             version=version_name(row.version),
             canary_weight=row.canary_weight,
+            force=bool(row.force),
             requested_by=row.requested_by,
             status=status,
             approvals=[
                 ApprovalRecord(principal=a["principal"], at=_parse_ts(a["at"])) for a in row.approvals
             ],
             approvals_required=row.approvals_required,
+            seen=SeenRecord(
+                active_version=version_name(row.seen_active_version) if row.seen_active_version else None,
+                canary_version=version_name(row.seen_canary_version) if row.seen_canary_version else None,
+                version_status=row.seen_version_status,
+                quality_gate=row.seen_quality_gate,
+            ),
             created_at=row.created_at,
             expires_at=row.expires_at,
             decided_by=row.decided_by,
@@ -167,6 +193,7 @@ def promote_or_request(
         seen_active_version=st.adapter.active_version,
         seen_canary_version=st.adapter.canary_version,
         seen_version_status=target.status,
+        seen_quality_gate=target.quality_gate,
         created_at=now,
         expires_at=now + timedelta(seconds=ttl_s),
     )
@@ -179,6 +206,8 @@ def promote_or_request(
         req,
         canary_weight=canary_weight,
         approvals_required=required,
+        force=req.force,
+        quality_gate=target.quality_gate,
         **note,
     )
     return Outcome(promotion=PromotionRecord.of(req, now))
@@ -205,16 +234,39 @@ def _close_if_over(
         return Conflict(
             f"promotion request {req.id} expired at {req.expires_at.isoformat()}", code="promotion_expired"
         )
+    if req.status == "stale":
+        raise _stale(req)
     if req.status != "pending":
         raise Conflict(f"promotion request {req.id} is {req.status}", code="promotion_not_pending")
     if is_stale(req, st.adapter, st.versions.get(req.version)):
         req.status = "stale"
         req.decided_at = now
-        return Conflict(
-            f"adapter {req.adapter_id!r} changed since promotion request {req.id} was made; request it again",
-            code="promotion_stale",
-        )
+        return _stale(req)
     return None
+
+
+def _stale(req: PromotionRequestRow) -> Conflict:
+    return Conflict(
+        f"adapter {req.adapter_id!r} or its version {version_name(req.version)} changed since promotion "
+        f"request {req.id} was made (active or canary version, the version's status or quality gate); "
+        "request it again",
+        code="promotion_stale",
+        details={"promotion_id": req.id},
+    )
+
+
+def _check_gate_setter(st: lifecycle.LockedAdapter, req: PromotionRequestRow, principal: Principal) -> None:
+    """Separation of duties: the principal who recorded the version's quality gate by hand may not
+    approve its promotion (the platform's own actors, e.g. ``evaluator``, are not a person)."""
+    version = st.versions.get(req.version)
+    setter = version.quality_gate_by if version is not None else None
+    if setter is not None and setter == principal.id and setter not in PLATFORM_ACTORS:
+        raise Forbidden(
+            f"principal {principal.id!r} recorded the quality gate of {version_name(req.version)} by hand "
+            "and cannot also approve its promotion: another approver must",
+            code="gate_setter_approval",
+            details={"quality_gate_by": setter},
+        )
 
 
 def approve(session: Session, promotion_id: str, principal: Principal, *, comment: str | None) -> Outcome:
@@ -228,6 +280,7 @@ def approve(session: Session, promotion_id: str, principal: Principal, *, commen
     if err is not None:
         repo.flush(session)
         return Outcome(promotion=PromotionRecord.of(req, now), error=err)
+    _check_gate_setter(st, req, principal)
     if any(a["principal"] == principal.id for a in req.approvals):
         raise Conflict(f"principal {principal.id!r} already approved {req.id}", code="already_approved")
     req.approvals = [*req.approvals, {"principal": principal.id, "at": now.isoformat()}]
@@ -269,10 +322,9 @@ def reject(session: Session, promotion_id: str, principal: Principal, *, comment
     st, req = _locked(session, promotion_id)
     now = utcnow()
     err = _close_if_over(st, req, now)
-    if err is not None and err.code == "promotion_expired":
+    if err is not None:  # expired or stale: written so, and answered 409 (SPEC §19)
         repo.flush(session)
         return Outcome(promotion=PromotionRecord.of(req, now), error=err)
-    # a stale request may still be rejected: the rejection is what the caller wants on record
     req.status = "rejected"
     req.decided_by = principal.id
     req.decided_at = now

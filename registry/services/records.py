@@ -71,6 +71,7 @@ class VersionRecord:
     created_at: datetime
     source_uri: str | None = None
     source_revision: str | None = None
+    quality_gate_by: str | None = None
 
     @classmethod
     def of(cls, row: VersionRow) -> VersionRecord:
@@ -92,6 +93,7 @@ class VersionRecord:
             created_at=row.created_at,
             source_uri=row.source_uri,
             source_revision=row.source_revision,
+            quality_gate_by=row.quality_gate_by,
         )
 
 

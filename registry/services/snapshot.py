@@ -88,6 +88,7 @@ def _adapters(rows: Iterable[Any], version_rows: Iterable[Any]) -> dict[str, Ada
             storage_uri=v.storage_uri,
             base_model=base_of.get(v.adapter_id, ""),
             rollback_to=version_name(v.rollback_to) if v.rollback_to is not None else None,
+            int_id=int(v.id),
         )
     return {
         a.id: AdapterInfo(

@@ -1,7 +1,10 @@
 """A pending promotion request goes ``stale`` when what it was approved against changes: the
-adapter's active or canary version, or the requested version's status (SPEC §14). The state
-machine (:mod:`registry.services.lifecycle`) calls :func:`mark_stale` after every change, in
-the change's transaction; approving checks :func:`is_stale` again under the row locks."""
+adapter's active or canary version, or the requested version's status or quality gate (SPEC §14,
+§19; requests made before the gate was recorded on them, ``seen_quality_gate`` null, are not
+checked against it). The state machine (:mod:`registry.services.lifecycle`) calls
+:func:`mark_stale` after every change, in the change's transaction, and so does
+:func:`registry.services.gates.set_quality_gate` after a gate change; approving and rejecting
+check :func:`is_stale` again under the row locks."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ def is_stale(req: PromotionRequestRow, adapter: AdapterRow, version: VersionRow 
         or adapter.active_version != req.seen_active_version
         or adapter.canary_version != req.seen_canary_version
         or version.status != req.seen_version_status
+        or (req.seen_quality_gate is not None and version.quality_gate != req.seen_quality_gate)
     )
 
 

@@ -92,10 +92,11 @@ def describe_tenant(session: Session, tenant_id: str) -> TenantRecord:
 
 
 def list_tenants(
-    session: Session, *, limit: int | None = None, cursor: str | None = None
+    session: Session, *, limit: int | None = None, cursor: str | None = None, adapter_id: str | None = None
 ) -> Page[TenantRecord]:
+    """Tenants by id; ``adapter_id``: only those granted that adapter."""
     n = clamp_limit(limit)
-    rows = repo.list_rows(session, limit=n, after=decode_cursor(cursor, str))
+    rows = repo.list_rows(session, limit=n, after=decode_cursor(cursor, str), granted=adapter_id or None)
     items, nxt = page_of(rows, n, lambda r: r.id)
     return Page([TenantRecord.of(r) for r in items], nxt)
 

@@ -1,16 +1,20 @@
 """The engine driver interface: everything engine-specific behind one small protocol.
 
-A driver knows how to talk to one kind of replica (vLLM first; SGLang, TensorRT-LLM or Ray
-Serve LLM later): health, the adapters a replica has registered, its metrics, loading and
-unloading an adapter (and classifying why a load failed), and how a request names an
-adapter. Placement and forwarding only see the results below.
+A driver knows how to talk to one kind of replica (vLLM, SGLang, Ray Serve LLM, TensorRT-LLM):
+health, the adapters a replica has registered, its metrics, loading and unloading an adapter
+(and classifying why a load failed), how a request names an adapter, and what an answer to a
+request means. It declares what its engine does itself as :class:`Capabilities` (data); the
+router reads those, never the engine's name. Placement and forwarding only see the results
+below.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
+
+from router.capabilities import Capabilities
 
 LoadFailure = Literal["not_found", "rejected", "timeout", "replica_down", "conflict", "other"]
 
@@ -121,6 +125,7 @@ class EngineDriver(Protocol):
     """One engine's HTTP API. Implementations translate library errors into these results."""
 
     name: str
+    capabilities: Capabilities
 
     async def health(self, url: str, timeout: float) -> bool: ...
 
@@ -130,7 +135,21 @@ class EngineDriver(Protocol):
 
     def parse_metrics(self, text: str) -> MetricsSample: ...
 
-    async def load(self, url: str, lora_name: str, lora_path: str, timeout: float) -> LoadResult: ...
+    async def load(
+        self,
+        url: str,
+        lora_name: str,
+        lora_path: str,
+        timeout: float,
+        *,
+        pinned: bool = False,
+        int_id: int = 0,
+    ) -> LoadResult:
+        """Make ``lora_name`` (files at ``lora_path``, as the replica reads them; for a
+        ``lazy_by_name`` engine: published under that name) servable on ``url``. ``pinned``: a hot
+        adapter, pinned in a GPU slot where the engine can (``capabilities.pinning``); ``int_id``:
+        the version's stable integer id (``capabilities.needs_int_id``)."""
+        ...
 
     async def unload(self, url: str, lora_name: str, timeout: float) -> UnloadResult: ...
 
@@ -144,12 +163,15 @@ class EngineDriver(Protocol):
         ``router.contract.UpstreamTimeout``."""
         ...
 
-    def classify_answer(self, status: int, *, adapter: bool) -> AnswerKind:
-        """What to do with an answer of ``status`` to a request (``adapter``: for an adapter)."""
+    def classify_answer(self, status: int, body: bytes, *, adapter: bool) -> AnswerKind:
+        """What to do with an answer of ``status`` to a request (``adapter``: for an adapter).
+        ``body``: the answer's body when it is not a 200 (an error's few bytes), else ``b""``."""
         ...
 
-    def request_model(self, lora_name: str | None, served_model: str) -> str:
-        """The ``model`` value of a request for ``lora_name`` (None → the base model)."""
+    def request_fields(self, lora_name: str | None, int_id: int, served_model: str) -> dict[str, Any]:
+        """The fields a request for ``lora_name`` (None → the base model; ``int_id``: the version's
+        stable integer id) sets in the body: ``model`` always, and whatever else the engine reads
+        (TensorRT-LLM's ``lora_request``). ``model`` is also what the answer must name."""
         ...
 
     def auth_headers(self) -> dict[str, str]: ...

@@ -14,9 +14,7 @@ substring alone):
 | any other 500 (not vLLM's answer: a proxy, a crashed worker) | ``other`` |
 | 401 (wrong api key) | ``rejected`` |
 | 502/503/504 | ``replica_down`` |
-| timeout | ``timeout`` |
-| connection refused | ``replica_down`` |
-| connection reset / other client errors | ``other`` (may succeed elsewhere) |
+| no answer | ``router.drivers.http_base``: refused → ``replica_down``; reset → ``other`` (health probe OK) |
 """
 
 from __future__ import annotations
@@ -24,20 +22,13 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
-import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.contract import UpstreamTimeout
-from router.drivers.base import (
-    AnswerKind,
-    LoadResult,
-    MetricsSample,
-    ModelsInfo,
-    Retryable,
-    UnloadResult,
-    UpstreamResponse,
-)
-from router.drivers.http1 import ConnectError, Disconnected, Http1Client
+from router.capabilities import CAPABILITIES
+from router.drivers.base import AnswerKind, LoadResult, MetricsSample, ModelsInfo, UnloadResult
+from router.drivers.http_base import DriverError, HttpDriver, error_fields, parse_model_list
+
+__all__ = ["DriverError", "VllmDriver", "classify_load", "wanted_lines"]
 
 # vLLM's own message for an adapter the engine refused (``InternalServerError``, (as vLLM 0.32 does);
 # checked together with the error type, never alone.
@@ -88,25 +79,9 @@ def wanted_lines(text: str) -> str:
     return "\n".join(out)
 
 
-class DriverError(Exception):
-    """A replica could not be reached or answered nonsense (translated aiohttp errors)."""
-
-
 def _error_fields(body: bytes) -> tuple[str, str]:
     """(type, message) of a vLLM error body; ("", text) when it is not one."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return "", body.decode("utf-8", "replace")[:500]
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict):
-            return str(err.get("type") or ""), str(err.get("message") or "")
-        if "detail" in data:
-            return "detail", str(data.get("detail"))
-        if data.get("object") == "error":  # vLLM 0.10.0 flat envelope
-            return str(data.get("type") or ""), str(data.get("message") or "")
-    return "", body.decode("utf-8", "replace")[:500]
+    return error_fields(body)
 
 
 def classify_load(status: int, body: bytes) -> LoadResult:
@@ -129,81 +104,13 @@ def classify_load(status: int, body: bytes) -> LoadResult:
     return LoadResult(False, "other", status, message)
 
 
-class VllmDriver:
+class VllmDriver(HttpDriver):
     """Talks to vLLM (and the simulator) over a shared aiohttp session."""
 
     name = "vllm"
+    capabilities = CAPABILITIES["vllm"]
 
-    def __init__(
-        self,
-        session: aiohttp.ClientSession,
-        api_key: str | None = None,
-        *,
-        timeout: aiohttp.ClientTimeout | None = None,
-        stream_timeout: aiohttp.ClientTimeout | None = None,
-    ) -> None:
-        self._session = session
-        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = timeout or aiohttp.ClientTimeout(total=300.0, connect=2.0)
-        self._stream_timeout = stream_timeout or aiohttp.ClientTimeout(
-            total=None, connect=2.0, sock_read=30.0
-        )
-        self._json = {"Content-Type": "application/json", **self._auth}
-        # Inference requests to plain-http replicas go through the lean client (same timeouts
-        # and connection cap as the session); anything else through aiohttp.
-        limit = session.connector.limit_per_host if session.connector is not None else 0
-        self._http1 = Http1Client(
-            connect_s=self._timeout.connect or self._stream_timeout.connect or 2.0,
-            max_per_host=limit,
-            headers=self._auth,
-        )
-
-    async def aclose(self) -> None:
-        await self._http1.aclose()
-
-    async def send(
-        self, url: str, endpoint: str, body: bytes, request_id: str, *, stream: bool
-    ) -> UpstreamResponse:
-        if Http1Client.handles(url):
-            return await self._send_http1(url, endpoint, body, request_id, stream=stream)
-        headers = {**self._json, "X-Request-Id": request_id}
-        try:
-            return await self._session.post(
-                f"{url}/v1/{endpoint}",
-                data=body,
-                headers=headers,
-                timeout=self._stream_timeout if stream else self._timeout,
-            )
-        except aiohttp.ClientConnectorError as exc:
-            raise Retryable(f"cannot connect to replica: {exc}", replica_down=True) from exc
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            # Often a pooled keep-alive connection the replica had closed: retry, keep it in rotation.
-            raise Retryable(f"replica closed the connection: {exc}") from exc
-        except aiohttp.ClientError as exc:
-            raise Retryable(f"replica request failed: {exc}") from exc
-        except TimeoutError as exc:
-            raise UpstreamTimeout("replica did not answer in time") from exc
-
-    async def _send_http1(
-        self, url: str, endpoint: str, body: bytes, request_id: str, *, stream: bool
-    ) -> UpstreamResponse:
-        path = f"/v1/{endpoint}"
-        try:
-            if stream:
-                idle = self._stream_timeout.sock_read
-                return await self._http1.post(url, path, body, request_id, read_s=idle)
-            return await self._http1.post(url, path, body, request_id, total_s=self._timeout.total)
-        except ConnectError as exc:
-            raise Retryable(f"cannot connect to replica: {exc}", replica_down=True) from exc
-        except Disconnected as exc:
-            # Often a pooled keep-alive connection the replica had closed: retry, keep it in rotation.
-            raise Retryable(f"replica closed the connection: {exc}") from exc
-        except TimeoutError as exc:
-            raise UpstreamTimeout("replica did not answer in time") from exc
-        except OSError as exc:
-            raise Retryable(f"replica request failed: {exc}") from exc
-
-    def classify_answer(self, status: int, *, adapter: bool) -> AnswerKind:
+    def classify_answer(self, status: int, body: bytes, *, adapter: bool) -> AnswerKind:
         """5xx: the replica is in trouble (retry elsewhere). 404 for an adapter request: vLLM's
         "model does not exist" (it restarted and lost the adapter). Anything else is the
         answer to this request (4xx errors about the request pass through to the client)."""
@@ -213,50 +120,21 @@ class VllmDriver:
             return "adapter_missing"
         return "ok"
 
-    def auth_headers(self) -> dict[str, str]:
-        return self._auth
-
-    def request_model(self, lora_name: str | None, served_model: str) -> str:
-        return lora_name or served_model
-
-    async def _get(self, url: str, timeout: float, auth: bool) -> tuple[int, bytes]:
-        try:
-            async with self._session.get(
-                url, headers=self._auth if auth else None, timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as resp:
-                return resp.status, await resp.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise DriverError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
-
-    async def health(self, url: str, timeout: float) -> bool:
-        status, _ = await self._get(f"{url}/health", timeout, auth=False)
-        return status == 200
+    def request_fields(self, lora_name: str | None, int_id: int, served_model: str) -> dict[str, Any]:
+        return {"model": lora_name or served_model}
 
     async def list_adapters(self, url: str, timeout: float) -> ModelsInfo:
         status, body = await self._get(f"{url}/v1/models", timeout, auth=True)
         if status != 200:
             raise DriverError(f"GET {url}/v1/models: HTTP {status}")
-        try:
-            data = orjson.loads(body)
-            cards = data["data"]
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            raise DriverError(f"GET {url}/v1/models: not a model list") from exc
         bases: list[str] = []
         adapters: dict[str, str] = {}
-        for card in cards:
-            if not isinstance(card, dict) or not isinstance(card.get("id"), str):
-                continue
+        for card in parse_model_list(body, url):
             if card.get("parent"):
                 adapters[card["id"]] = str(card.get("root") or "")
             else:
                 bases.append(card["id"])
         return ModelsInfo(base_names=tuple(bases), adapters=adapters)
-
-    async def metrics_text(self, url: str, timeout: float) -> str:
-        status, body = await self._get(f"{url}/metrics", timeout, auth=False)
-        if status != 200:
-            raise DriverError(f"GET {url}/metrics: HTTP {status}")
-        return body.decode("utf-8", "replace")
 
     def parse_metrics(self, text: str) -> MetricsSample:
         """Sum the gauges over engines; ``lora_requests_info``: the sample with the LARGEST value."""
@@ -305,24 +183,22 @@ class VllmDriver:
             max_lora=max_lora,
         )
 
-    async def _post(self, url: str, payload: dict[str, Any], timeout: float) -> tuple[int, bytes]:
-        async with self._session.post(
-            url,
-            data=orjson.dumps(payload),
-            headers={**self._auth, "Content-Type": "application/json"},
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as resp:
-            return resp.status, await resp.read()
-
-    async def load(self, url: str, lora_name: str, lora_path: str, timeout: float) -> LoadResult:
+    async def load(
+        self,
+        url: str,
+        lora_name: str,
+        lora_path: str,
+        timeout: float,
+        *,
+        pinned: bool = False,
+        int_id: int = 0,
+    ) -> LoadResult:
         try:
             status, body = await self._post(
                 f"{url}/v1/load_lora_adapter", {"lora_name": lora_name, "lora_path": lora_path}, timeout
             )
-        except TimeoutError:
-            return LoadResult(False, "timeout", None, f"load timed out after {timeout:.1f}s")
-        except (aiohttp.ClientError, OSError) as exc:
-            return LoadResult(False, "replica_down", None, f"{type(exc).__name__}: {exc}")
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            return await self.unanswered_load(url, exc, timeout)
         return classify_load(status, body)
 
     async def unload(self, url: str, lora_name: str, timeout: float) -> UnloadResult:

@@ -177,6 +177,18 @@ def test_adapter_create_and_update_hot(admin_url: str, base_model: str) -> None:
     events = cli_json(
         admin_url, "adapters", "audit", "--action", "adapter.updated", "--subject-id", "hot-bot"
     )
+    # newest first (the CLI's default), and --oldest-first
+    assert [e["details"] for e in events] == [{"description": "faq answers", "hot": False}, {"hot": True}]
+    events = cli_json(
+        admin_url,
+        "adapters",
+        "audit",
+        "--action",
+        "adapter.updated",
+        "--subject-id",
+        "hot-bot",
+        "--oldest-first",
+    )
     assert [e["details"] for e in events] == [{"hot": True}, {"description": "faq answers", "hot": False}]
     warm = cli_json(admin_url, "adapters", "create", "warm-bot", "--base", base_model, "--hot")
     assert warm["hot"] is True
@@ -339,12 +351,20 @@ def test_quality_gate_blocks_promotion_until_passed_or_forced(
     state = cli_json(admin_url, "adapters", "promote", "gated-bot", v3["version"], "--force")
     assert state["active_version"] == "v3"
     promoted = cli_json(
-        admin_url, "adapters", "audit", "--action", "version.promoted", "--subject-id", "gated-bot"
+        admin_url,
+        "adapters",
+        "audit",
+        "--action",
+        "version.promoted",
+        "--subject-id",
+        "gated-bot",
+        "--oldest-first",
     )
     assert [e["details"].get("forced_quality_gate") for e in promoted] == [None, None, "pending"]
     gate_events = cli_json(
-        admin_url, "adapters", "audit", "--action", "version.quality_gate", "--subject-id", "gated-bot"
-    )
+        admin_url, "adapters", "audit", "--action", "version.quality_gate", "--subject-id", "gated-bot",
+        "--oldest-first",
+    )  # fmt: skip
     assert [(e["details"]["from"], e["details"]["to"]) for e in gate_events] == [
         ("pending", "failed"),
         ("failed", "passed"),

@@ -154,6 +154,11 @@ def test_bulk_table_prompt_and_apply(server: tuple[str, Any], home: Path) -> Non
 
     out = ok(run(home, "bulk", "rollback", "--owner", "team-bulk", "--dry-run", **admin))
     assert "would apply to 2, fail for 1" in out and "v2 → v1" in out and "no_rollback_target" in out
+    # the adapter that cannot roll back shows the version it keeps serving (before: "- → -")
+    b3_line = next(ln for ln in out.splitlines() if ln.startswith("b3 "))
+    assert "v1 (unchanged)" in b3_line, out
+    dry = json.loads(ok(run(home, "bulk", "rollback", "--adapter", "b3", "--dry-run", "--json", **admin)))
+    assert [(r["from_version"], r["to_version"], r["ok"]) for r in dry["results"]] == [("v1", "v1", False)]
     # answering no changes nothing
     res = run(
         home, "bulk", "rollback", "--owner", "team-bulk", "--reason", "incident 7", stdin="n\n", **admin
@@ -180,6 +185,7 @@ def test_local_up_token_is_used_without_login(server: tuple[str, Any], tmp_path:
     data = tmp_path / "up-data"
     data.mkdir()
     (data / "admin_token").write_text(TOKEN + "\n")
+    (data / "admin_url").write_text(url + "\n")  # written by `up` next to its token
     env = {"COLUMNS": "250", "NO_COLOR": "1", "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
            "LORAPLANE_DATA_DIR": str(data), "LORAPLANE_ADMIN_URL": url,
            "LORAPLANE_ADMIN_TOKEN": ""}  # fmt: skip
@@ -190,3 +196,23 @@ def test_local_up_token_is_used_without_login(server: tuple[str, Any], tmp_path:
     env["LORAPLANE_DATA_DIR"] = str(tmp_path / "nothing")
     res = CliRunner().invoke(app, ["adapters", "list"], env=env, catch_exceptions=False)
     assert res.exit_code == 1 and "401 unauthorized: missing bearer token" in res.stderr
+    assert f"hint: no admin token was found for {url}. Log in once with `loraplane login" in res.stderr
+
+
+def test_a_data_dirs_token_goes_only_to_the_url_up_recorded(server: tuple[str, Any], tmp_path: Path) -> None:
+    """`LORAPLANE_DATA_DIR=dd3` with `up --admin-port P`: the token goes to P, never elsewhere."""
+    from loraplane.cli import app
+
+    url, _ = server
+    data = tmp_path / "dd3"
+    data.mkdir()
+    (data / "admin_token").write_text(TOKEN + "\n")
+    (data / "admin_url").write_text(url + "\n")
+    env = {"COLUMNS": "250", "NO_COLOR": "1", "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+           "LORAPLANE_DATA_DIR": str(data), "LORAPLANE_ADMIN_URL": "", "LORAPLANE_ADMIN_TOKEN": "",
+           "LORAPLANE_CONTEXT": ""}  # fmt: skip
+    res = CliRunner().invoke(app, ["whoami"], env=env, catch_exceptions=False)
+    assert res.exit_code == 0 and f"you are bootstrap (admin) at {url} (local up (" in res.stdout, res.output
+    env["LORAPLANE_ADMIN_URL"] = "http://127.0.0.1:9"  # another platform: refused before sending
+    res = CliRunner().invoke(app, ["adapters", "list"], env=env, catch_exceptions=False)
+    assert res.exit_code == 1 and "no saved token for http://127.0.0.1:9" in res.stderr

@@ -45,6 +45,14 @@ class FakeAPI:
             )
         return handler(request)
 
+    def sent(self, method: str, path: str) -> list[httpx.Request]:
+        """The requests sent to ``method path`` (path under /admin/v1, query left out)."""
+        return [r for r in self.requests if r.method == method and r.url.path == "/admin/v1" + path]
+
+    def body(self, method: str, path: str) -> bytes:
+        """The body of the last request sent to ``method path``."""
+        return self.sent(method, path)[-1].content
+
 
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAPI]:
@@ -94,6 +102,7 @@ def test_api_error_prints_one_line_and_exits_1(api: FakeAPI) -> None:
 
 def test_invalid_adapter_lists_each_problem(api: FakeAPI, tmp_path: Path) -> None:
     write_adapter(tmp_path / "a")
+    api.on("GET", "/adapters/bot", 200, {**ADAPTER, "id": "bot"})
     problems = ["r=128 is above the base model's max_lora_rank 64", "use_dora: true is not supported by vLLM"]
     api.on(
         "POST",
@@ -257,11 +266,11 @@ def test_promote_canary_and_version_normalisation(api: FakeAPI) -> None:
     )
     res = run_cli(["adapters", "promote", "bot", "3", "--canary", "10"])
     assert res.exit_code == 0, res.output
-    assert json.loads(api.bodies[-1]) == {"canary_weight": 10}
+    assert json.loads(api.body("POST", "/adapters/bot/versions/v3/promote")) == {"canary_weight": 10}
     assert "bot v3 is now canary at 10%" in res.stdout
     res = run_cli(["adapters", "promote", "bot", "v3", "--canary", "100"])
     assert res.exit_code == 2  # out of range, refused locally
-    assert len(api.requests) == 1
+    assert len(api.sent("POST", "/adapters/bot/versions/v3/promote")) == 1
 
 
 def test_tenant_limits_patch_body(api: FakeAPI) -> None:
@@ -512,16 +521,18 @@ def test_no_help_text_shows_restructuredtext_double_backticks() -> None:
     assert "`--engine vllm --model DIR`" in res.output and "``" not in res.output
 
 
-def test_every_admin_command_takes_url_token_json_context_last() -> None:
+def test_every_admin_command_takes_the_shared_options_last() -> None:
     """``admin_command`` appends the shared options after each command's own, with their help."""
     shared = {
-        "url": (["--url"], "Admin API base URL [env LORAPLANE_ADMIN_URL, default http://127.0.0.1:8081]."),
-        "token": (["--token"], "Admin bearer token [env LORAPLANE_ADMIN_TOKEN]."),
+        "url": (["--url"], "Admin API base URL (env LORAPLANE_ADMIN_URL; default http://127.0.0.1:8081)."),
+        "token": (["--token"], "Admin bearer token (env LORAPLANE_ADMIN_TOKEN)."),
         "as_json": (["--json"], "Print the raw JSON answer instead of tables."),
         "context": (
             ["--context"],
-            "Credentials saved by `loraplane login --context NAME` [env LORAPLANE_CONTEXT].",
+            "Credentials saved by `loraplane login --context NAME` (or `up`: 'local') "
+            "(env LORAPLANE_CONTEXT).",
         ),
+        "wide": (["--wide"], "Tables: never cut or leave out a column, whatever the width."),
     }
     for group, sub_app in (
         ("adapters", adapters_app),
@@ -531,7 +542,7 @@ def test_every_admin_command_takes_url_token_json_context_last() -> None:
         commands = typer.main.get_command(sub_app)
         assert isinstance(commands, typer.core.TyperGroup)
         for name, cmd in commands.commands.items():
-            last = cmd.params[-4:]
+            last = cmd.params[-len(shared) :]
             assert [p.name for p in last] == list(shared), f"{group} {name}"
             for p in last:
                 assert (p.opts, getattr(p, "help", None)) == shared[p.name], f"{group} {name} {p.name}"
@@ -627,14 +638,15 @@ def test_gate_sends_status_and_details(api: FakeAPI, tmp_path: Path) -> None:
 
 def test_promote_force_and_gate_refusal(api: FakeAPI) -> None:
     api.on("POST", "/adapters/bot/versions/v3/promote", 200, {**ADAPTER, "id": "bot", "active_version": "v3"})
+    promote = ("POST", "/adapters/bot/versions/v3/promote")
     res = run_cli(["adapters", "promote", "bot", "v3", "--force"])
     assert res.exit_code == 0, res.output
-    assert json.loads(api.bodies[-1]) == {"force": True}
+    assert json.loads(api.body(*promote)) == {"force": True}
     assert "bot v3 is now active" in res.stdout
     run_cli(["adapters", "promote", "bot", "v3", "--canary", "10", "--force"])
-    assert json.loads(api.bodies[-1]) == {"canary_weight": 10, "force": True}
+    assert json.loads(api.body(*promote)) == {"canary_weight": 10, "force": True}
     run_cli(["adapters", "promote", "bot", "v3"])
-    assert api.bodies[-1] == b""  # no body, as before
+    assert api.body(*promote) == b""  # no body, as before
     message = "version v3 has not passed its quality gate yet: record the result or promote with force"
     api.on(
         "POST",
@@ -655,6 +667,7 @@ def test_promote_force_and_gate_refusal(api: FakeAPI) -> None:
 
 def test_push_and_register_with_quality_gate(api: FakeAPI, tmp_path: Path) -> None:
     d = write_adapter(tmp_path / "ad", rank=4)
+    api.on("GET", "/adapters/bot", 200, {**ADAPTER, "id": "bot"})
     api.on("POST", "/adapters/bot/versions", 201, {**VERSION, "quality_gate": "pending"})
     res = run_cli(["adapters", "push", str(d), "-a", "bot", "--quality-gate", "pending"])
     assert res.exit_code == 0, res.output

@@ -42,7 +42,7 @@ DESIGNED: dict[int, frozenset[str]] = {
     504: frozenset({"upstream_timeout"}),
 }
 # A stream that started and then failed ends with an error event carrying one of these codes.
-STREAM_DESIGNED = frozenset({"upstream_error", "upstream_timeout"})
+STREAM_DESIGNED = frozenset({"upstream_error", "upstream_timeout", "engine_error"})
 
 GOOD = ("ok", "designed", "stream_error")
 BAD = ("undesigned", "truncated", "hang", "conn_error")

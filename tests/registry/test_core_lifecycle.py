@@ -11,6 +11,7 @@ from tests.registry.core_support import (
     seed_adapter,
     statuses,
 )
+from tests.registry.gov_support import error_of
 
 A = "/admin/v1/adapters/support"
 
@@ -105,16 +106,110 @@ def test_rollback_chain_skips_disabled_and_409_at_the_end(client: TestClient, fa
     assert statuses(client, "support")["active"] == "v1"
 
 
-def test_rollback_clears_canary(client: TestClient, factory: Any) -> None:
+def test_rollback_during_a_canary_drops_the_canary_and_keeps_the_active_version(
+    client: TestClient, factory: Any
+) -> None:
+    """SPEC §19: with v2 active and a v3 canary, rollback ends the canary and v2 stays (it used to
+    drop v2 as well); the next rollback steps back along rollback_to as before."""
     seed_adapter(client)
     add_versions(factory, "support", 3)
     client.post(f"{A}/versions/v1/promote")
     client.post(f"{A}/versions/v2/promote")
     client.post(f"{A}/versions/v3/promote", json={"canary_weight": 20})
-    client.post(f"{A}/rollback")
+    r = client.post(f"{A}/rollback")
+    assert r.status_code == 200, r.text
     st = statuses(client, "support")
-    assert (st["active"], st["canary"], st["weight"]) == ("v1", None, None)
-    assert st["versions"] == {"v1": ("active", None), "v2": ("retired", "v1"), "v3": ("ready", None)}
+    assert (st["active"], st["canary"], st["weight"]) == ("v2", None, None)
+    assert st["versions"] == {"v1": ("retired", None), "v2": ("active", "v1"), "v3": ("ready", None)}
+    [ev] = client.get("/admin/v1/audit", params={"action": "adapter.rolled_back"}).json()["data"]
+    assert ev["details"] == {"version": "v2", "from": "v3", "canary_cleared": "v3"}
+    assert client.post(f"{A}/rollback").status_code == 200  # no canary now: back along rollback_to
+    st = statuses(client, "support")
+    assert (st["active"], st["canary"]) == ("v1", None)
+
+
+def test_rollback_of_a_canary_on_the_first_active_version_keeps_it(client: TestClient, factory: Any) -> None:
+    """The issue's case: v1 active (nothing to roll back to) with a v2 canary answered 409
+    no_rollback_target; now the canary ends and v1 stays."""
+    seed_adapter(client)
+    add_versions(factory, "support", 2)
+    client.post(f"{A}/versions/v1/promote")
+    client.post(f"{A}/versions/v2/promote", json={"canary_weight": 10})
+    r = client.post(f"{A}/rollback")
+    assert r.status_code == 200, r.text
+    assert (r.json()["active_version"], r.json()["canary_version"]) == ("v1", None)
+    error_of(client.post(f"{A}/rollback"), 409, "no_rollback_target")  # and then there is nothing left
+
+
+def test_end_canary_clears_it_keeps_active_and_is_idempotent(client: TestClient, factory: Any) -> None:
+    seed_adapter(client)
+    add_versions(factory, "support", 3)
+    client.post(f"{A}/versions/v1/promote")
+    client.post(f"{A}/versions/v2/promote")
+    client.post(f"{A}/versions/v3/promote", json={"canary_weight": 25})
+    r = client.delete(f"{A}/canary")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["id"], body["active_version"], body["canary_version"], body["canary_weight"]) == (
+        "support",
+        "v2",
+        None,
+        None,
+    )
+    assert {v["version"]: v["status"] for v in body["versions"]} == {
+        "v1": "retired",
+        "v2": "active",
+        "v3": "ready",
+    }
+    [ev] = client.get("/admin/v1/audit", params={"action": "version.canary_cleared"}).json()["data"]
+    assert (ev["subject_id"], ev["details"]) == (
+        "support",
+        {"version": "v3", "canary_weight": 25, "active_version": "v2"},
+    )
+    again = client.delete(f"{A}/canary")  # none left: 200, the same record, no second event
+    assert again.status_code == 200 and again.json()["active_version"] == "v2"
+    assert len(client.get("/admin/v1/audit", params={"action": "version.canary_cleared"}).json()["data"]) == 1
+    error_of(client.delete("/admin/v1/adapters/nope/canary"), 404, "adapter_not_found")
+
+
+def test_enable_version_takes_a_disabled_version_back_to_ready(client: TestClient, factory: Any) -> None:
+    seed_adapter(client)
+    add_versions(factory, "support", 2)
+    client.post(f"{A}/versions/v1/promote")
+    client.post(f"{A}/versions/v2/quality-gate", json={"status": "passed", "details": {"acc": 0.9}})
+    client.post(f"{A}/versions/v2/disable")
+    r = client.post(f"{A}/versions/v2/enable")
+    assert r.status_code == 200, r.text
+    v2 = client.get(f"{A}/versions/v2").json()
+    assert (v2["status"], v2["quality_gate"], v2["quality_gate_details"]) == ("ready", "passed", {"acc": 0.9})
+    [ev] = client.get("/admin/v1/audit", params={"action": "version.enabled"}).json()["data"]
+    assert ev["details"] == {"version": "v2", "quality_gate": "passed"}
+    assert client.post(f"{A}/versions/v2/promote").status_code == 200  # promotable again
+    err = error_of(client.post(f"{A}/versions/v2/enable"), 409, "conflict")  # active, not disabled
+    assert err["details"] == {"version": "v2", "status": "active"}
+    error_of(client.post(f"{A}/versions/v9/enable"), 404, "version_not_found")
+
+
+def test_disabling_the_active_version_writes_a_rollback_event_too(client: TestClient, factory: Any) -> None:
+    """SPEC §19: an audit filter on adapter.rolled_back finds the rollback a disable caused."""
+    seed_adapter(client)
+    add_versions(factory, "support", 2)
+    client.post(f"{A}/versions/v1/promote")
+    client.post(f"{A}/versions/v2/promote")
+    client.post(f"{A}/versions/v2/disable")
+    [ev] = client.get("/admin/v1/audit", params={"action": "adapter.rolled_back"}).json()["data"]
+    assert (ev["subject_id"], ev["actor"]) == ("support", "bootstrap")
+    assert ev["details"] == {
+        "version": "v1",
+        "from": "v2",
+        "canary_cleared": None,
+        "cause": "version.disabled",
+    }
+    [dis] = client.get("/admin/v1/audit", params={"action": "version.disabled"}).json()["data"]
+    assert dis["details"]["rolled_back_to"] == "v1"
+    # nothing to roll back to: the adapter is left without an active version, and no rollback event
+    client.post(f"{A}/versions/v1/disable")
+    assert len(client.get("/admin/v1/audit", params={"action": "adapter.rolled_back"}).json()["data"]) == 1
 
 
 def test_adapter_kill_switch_restores_previous_state(client: TestClient, factory: Any) -> None:

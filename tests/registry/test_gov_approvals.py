@@ -116,7 +116,9 @@ def test_duplicate_request_and_invalid_promotions_refused(gov_client: TestClient
     assert err["details"]["promotion_id"] == first.json()["id"]
 
 
-def test_stale_request_cannot_be_approved(gov_client: TestClient, factory: Any) -> None:
+def test_stale_request_answers_promotion_stale_on_approve_and_reject(
+    gov_client: TestClient, factory: Any
+) -> None:
     admin = gov_client
     seed_adapter(admin)
     add_versions(factory, "support", 3)
@@ -128,7 +130,10 @@ def test_stale_request_cannot_be_approved(gov_client: TestClient, factory: Any) 
     other = admin.post(f"{A}/versions/v3/promote", headers=maint, json={"canary_weight": 20}).json()
     assert admin.post(f"{A}/rollback").status_code == 200  # the active version changed
     assert admin.get(f"{V1}/promotions/{req['id']}").json()["status"] == "stale"
-    error_of(admin.post(f"{V1}/promotions/{req['id']}/approve", headers=appr), 409, "promotion_not_pending")
+    err = error_of(admin.post(f"{V1}/promotions/{req['id']}/approve", headers=appr), 409, "promotion_stale")
+    assert err["details"] == {"promotion_id": req["id"]}
+    error_of(admin.post(f"{V1}/promotions/{req['id']}/reject", headers=appr), 409, "promotion_stale")
+    assert admin.get(f"{V1}/promotions/{req['id']}").json()["status"] == "stale"  # not rejected
     stale = admin.get(f"{V1}/promotions", params={"status": "stale"}).json()["data"]
     assert {p["id"] for p in stale} == {req["id"], other["id"]}
     assert statuses(admin, "support")["active"] == "v1"
@@ -194,7 +199,10 @@ def test_expired_request(tmp_path: Path, db_url: str, engine: Engine, factory: A
         error_of(again, 409, "promotion_not_pending")
 
 
-def test_quality_gate_checked_again_at_execution(gov_client: TestClient, factory: Any) -> None:
+def test_a_gate_changed_after_the_request_makes_it_stale(gov_client: TestClient, factory: Any) -> None:
+    """SPEC §19: the version's gate is checked again at approval; a gate that changed since the
+    request (passed → failed, here) makes it stale, answered 409 promotion_stale — even when it
+    changes back, the approvers saw a request made against another gate."""
     admin = gov_client
     seed_adapter(admin)
     add_versions(factory, "support", 2)
@@ -206,13 +214,24 @@ def test_quality_gate_checked_again_at_execution(gov_client: TestClient, factory
     error_of(admin.post(f"{A}/versions/v2/promote", headers=maint), 409, "quality_gate_failed")
     admin.post(gate, json={"status": "passed"})
     req = admin.post(f"{A}/versions/v2/promote", headers=maint).json()
+    assert req["seen"] == {
+        "active_version": "v1",
+        "canary_version": None,
+        "version_status": "ready",
+        "quality_gate": "passed",
+    }
     admin.post(gate, json={"status": "failed", "details": {"accuracy": 0.2}})  # the eval regressed
-    error_of(admin.post(f"{V1}/promotions/{req['id']}/approve", headers=appr), 409, "quality_gate_failed")
+    assert admin.get(f"{V1}/promotions/{req['id']}").json()["status"] == "stale"  # at once
+    error_of(admin.post(f"{V1}/promotions/{req['id']}/approve", headers=appr), 409, "promotion_stale")
     after = admin.get(f"{V1}/promotions/{req['id']}").json()
-    assert (after["status"], after["approvals"]) == ("pending", [])  # the approval rolled back too
+    assert (after["status"], after["approvals"], after["seen"]["quality_gate"]) == ("stale", [], "passed")
     assert statuses(admin, "support")["active"] == "v1"
     admin.post(gate, json={"status": "passed"})
-    assert admin.post(f"{V1}/promotions/{req['id']}/approve", headers=appr).json()["status"] == "executed"
+    error_of(admin.post(f"{V1}/promotions/{req['id']}/approve", headers=appr), 409, "promotion_stale")
+    # the same gate recorded again with other details is no change of gate: a new request stands
+    again = admin.post(f"{A}/versions/v2/promote", headers=maint).json()
+    admin.post(gate, json={"status": "passed", "details": {"accuracy": 0.95}})
+    assert admin.post(f"{V1}/promotions/{again['id']}/approve", headers=appr).json()["status"] == "executed"
 
 
 def test_reject_and_filters(gov_client: TestClient, factory: Any) -> None:

@@ -44,6 +44,9 @@ MATRIX: dict[tuple[str, str], dict[str, str]] = {
     ("POST", "/adapters/{adapter_id}/disable"): EMERGENCY,
     ("POST", "/adapters/{adapter_id}/enable"): EMERGENCY,
     ("POST", "/adapters/{adapter_id}/versions/{version}/disable"): EMERGENCY,
+    # SPEC §19: ending a canary is the rollback's permission; re-enabling a version undoes a disable
+    ("DELETE", "/adapters/{adapter_id}/canary"): EMERGENCY,
+    ("POST", "/adapters/{adapter_id}/versions/{version}/enable"): EMERGENCY,
     ("POST", "/adapters/{adapter_id}/prewarm"): MAINTAIN,
     ("POST", "/tenants"): ADMIN,
     ("GET", "/tenants"): READ,
@@ -172,6 +175,36 @@ def test_role_matrix(gov_client: TestClient, world: dict[str, Any]) -> None:
                     path,
                     err,
                 )
+
+
+def test_forcing_a_promotion_past_its_gate_needs_its_own_permission(
+    gov_client: TestClient, world: dict[str, Any]
+) -> None:
+    """SPEC §19: ``force: true`` is ``adapter.force_promote``, which only admin holds; a maintainer
+    may promote its own adapter, not force it."""
+    c = gov_client
+    assert (
+        c.post(f"{V1}/adapters/support/versions/v2/quality-gate", json={"status": "failed"}).status_code
+        == 200
+    )
+    url = f"{V1}/adapters/support/versions/v2/promote"
+    for role in ROLES[:-1]:  # all but admin
+        r = c.post(url, headers=world["tokens"][role], json={"force": True})
+        err = error_of(r, 403, "forbidden")
+        assert err["details"]["permission"] in ("adapter.force_promote", "adapter.promote"), err
+        if role == "maintainer":
+            assert err["details"] == {"permission": "adapter.force_promote", "field": "force"}
+            # the same promote without force reaches the gate (409), so the refusal above was the force
+            error_of(c.post(url, headers=world["tokens"][role]), 409, "quality_gate_failed")
+            error_of(
+                c.post(url, headers=world["tokens"][role], json={"force": False}), 409, "quality_gate_failed"
+            )
+    r = c.post(url, headers=world["tokens"]["admin"], json={"force": True})
+    assert r.status_code == 200, r.text
+    forced = c.get(f"{V1}/audit", params={"action": "version.promoted", "subject_id": "support"}).json()[
+        "data"
+    ]
+    assert forced[-1]["details"]["forced_quality_gate"] == "failed" and forced[-1]["actor"] == "in-admin"
 
 
 def test_tenant_keys_and_bad_tokens_are_refused_everywhere(

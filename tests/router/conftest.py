@@ -75,11 +75,13 @@ async def make_router(
         staging: dict[str, Any] | None = None,
         audit_sink: Any = None,
         wait_healthy: bool = True,
+        engine: str = "vllm",
         **overrides: Any,
     ) -> Router:
         pool = PoolConfig(
             name="main",
             base_model="demo-base",
+            engine=engine,  # type: ignore[arg-type]
             urls=urls,
             max_loras=max_loras,
             max_adapters=max_adapters,

@@ -140,6 +140,41 @@ async def test_streamed_errors_are_in_band_after_some_tokens(make_adapter: MakeA
             assert len(set(streamed)) > 2  # the failure point varies with the request
 
 
+async def test_stream_error_rate_fails_streams_with_vllms_generator_error(make_adapter: MakeAdapter) -> None:
+    """``stream_error_rate``: the stream ends with vLLM's ``create_streaming_error_response`` (its
+    ``json.dumps`` spacing, ``BadRequestError`` 400) and ``[DONE]`` on the HTTP 200, after some
+    tokens; non-streamed answers of the same adapter, and other adapters, are unaffected."""
+    async with _sim(make_adapter, {V2: {"stream_error_rate": 0.5}}) as (c, _):
+        failed, streamed = 0, []
+        for seed in range(40):
+            body = {**_chat(V2, seed, max_tokens=8), "stream": True}
+            r = await c.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200
+            if '"error"' not in r.text:
+                assert '"finish_reason":"length"' in r.text
+                continue
+            failed += 1
+            tail = r.text.rpartition('data: {"error": {')[2]
+            assert tail.endswith("}}\n\ndata: [DONE]\n\n"), tail  # json.dumps, as vLLM writes it
+            ev = _events(r.text)
+            assert ev[-2] == {
+                "error": {
+                    "message": "Simulated failure in the stream generator (stream_error_rate)",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                }
+            }
+            assert not any((ch.get("choices") or [{}])[0].get("finish_reason") for ch in ev[:-2])
+            streamed.append(len(ev) - 3)  # minus the role chunk, the error and [DONE]
+        assert 10 <= failed <= 30 and len(set(streamed)) > 1, (failed, streamed)
+        for seed in range(20):  # whole answers and other adapters: never
+            r = await c.post("/v1/chat/completions", json=_chat(V2, seed, max_tokens=8))
+            assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+            r = await c.post("/v1/chat/completions", json={**_chat(V1, seed, max_tokens=8), "stream": True})
+            assert '"error"' not in r.text
+
+
 async def test_refusal_rate_and_refusal_texts(make_adapter: MakeAdapter) -> None:
     async with _sim(make_adapter, {"support@*": {"refusal_rate": 0.25}}) as (c, _):
         refused = 0
@@ -254,8 +289,11 @@ async def test_runtime_control_flips_a_version_and_rejects_bad_sets_whole(make_a
         r = await c.post("/_sim/faults", json={"behaviours": {"support@v2-*": {"error_rate": 1}}})
         assert r.status_code == 200
         assert r.json()["behaviours"] == {
-            "support@v2-*": {"error_rate": 1.0, "latency_factor": 1.0, "refusal_rate": 0.0, "output": "text"}
-        }
+            "support@v2-*": {
+                "error_rate": 1.0, "latency_factor": 1.0, "refusal_rate": 0.0, "output": "text",
+                "stream_error_rate": 0.0,
+            }
+        }  # fmt: skip
         assert await statuses(V2) == {500}
         assert (await c.post("/v1/completions", json={**body, "model": V1})).status_code == 200
         # a bad set is refused with every problem, and nothing in that body is applied

@@ -32,7 +32,7 @@ def _problems(obj: object) -> list[str]:
 def test_every_problem_is_listed() -> None:
     problems = _problems(
         {
-            "support@v2-*": {"error_rate": 1.5, "refusal_rate": -0.1, "latency": 2},
+            "support@v2-*": {"error_rate": 1.5, "refusal_rate": -0.1, "latency": 2, "stream_error_rate": 2},
             "a[bc": {},
             "b[]": {},
             "": {},
@@ -47,6 +47,7 @@ def test_every_problem_is_listed() -> None:
     for needle in (
         "error_rate must be in [0, 1], got 1.5",
         "refusal_rate must be in [0, 1], got -0.1",
+        "stream_error_rate must be in [0, 1], got 2",
         "unknown key(s) ['latency']",
         "'a[bc': '[' at position 1 is never closed",
         "'b[]': '[' at position 1 is never closed",  # fnmatch reads a leading ']' as a member
@@ -60,7 +61,7 @@ def test_every_problem_is_listed() -> None:
         "key 'g\\n' holds a control character",
     ):
         assert needle in text, (needle, problems)
-    assert len(problems) == 13
+    assert len(problems) == 14
     assert _problems([{"x": {}}]) == ["behaviours must be a JSON object (glob -> behaviour), got list"]
 
 
