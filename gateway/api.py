@@ -5,7 +5,9 @@ auth → parse → resolve model → admit (rate limits) → ``router.forward`` 
 passed through chunk by chunk) → settle limits, metrics, one JSON log line.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-``GET /healthz``, ``GET /readyz``, ``GET /metrics``, ``GET /openapi.json`` (``gateway.openapi``).
+``GET /healthz``, ``GET /readyz`` (reason codes only: ``gateway.readiness``), ``GET /openapi.json``
+(``gateway.openapi``). ``/metrics`` and the detailed ``/readyz`` are on the internal port
+(``gateway.internal``); with ``local=True`` (``loraplane up``, loopback) this app serves them too.
 Every answer carries ``x-request-id``
 (the client's, echoed, when it is sane); adapter answers carry ``x-loraplane-adapter-version``;
 the completion endpoints carry the ``x-ratelimit-*`` headers for an authenticated tenant.
@@ -25,6 +27,7 @@ import orjson
 from gateway.asgi import Receive, Scope, Send, header_map, read_body, send_bytes, stream_out
 from gateway.coalesce import DISCONNECT_HOOK, GONE
 from gateway.errors import GatewayError, error_body
+from gateway.internal import InternalApp
 from gateway.openapi import OPENAPI_JSON
 from gateway.parse import Endpoint, estimate_tokens, parse_request
 from gateway.ratelimit import (
@@ -36,6 +39,7 @@ from gateway.ratelimit import (
     rejection_message,
     retry_after,
 )
+from gateway.readiness import public_body, readiness
 from gateway.resolve import Resolution, resolve
 from gateway.service import Gateway
 from kit.ids import new_id
@@ -94,11 +98,16 @@ class _Ctx:
 
 
 class GatewayApp:
-    """ASGI callable. ``manage_lifecycle`` starts/stops the gateway on ASGI lifespan events."""
+    """ASGI callable. ``manage_lifecycle`` starts/stops the gateway on ASGI lifespan events;
+    ``local`` also answers the internal port's routes (``/metrics``, the detailed ``/readyz``)."""
 
-    def __init__(self, gateway: Gateway, *, manage_lifecycle: bool = True) -> None:
+    def __init__(self, gateway: Gateway, *, manage_lifecycle: bool = True, local: bool = False) -> None:
         self.gw = gateway
         self.manage_lifecycle = manage_lifecycle
+        self.internal = InternalApp(gateway) if local else None
+        self._get_routes = ("/v1/models", "/healthz", "/readyz", "/openapi.json") + (
+            ("/metrics",) if local else ()
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -150,7 +159,7 @@ class GatewayApp:
             finally:
                 gw.active -= 1
         if method not in ("GET", "HEAD"):
-            if path in ("/v1/models", "/healthz", "/readyz", "/metrics", "/openapi.json"):
+            if path in self._get_routes:
                 return await self._plain_error(
                     send, headers, GatewayError(405, "method_not_allowed", "use GET")
                 )
@@ -159,13 +168,10 @@ class GatewayApp:
             return await self.models(send, headers)
         if path == "/healthz":
             return await send_bytes(send, 200, b'{"status":"ok"}', [(b"x-request-id", _request_id(headers))])
+        if self.internal is not None and path in ("/readyz", "/metrics"):
+            return await self.internal.route(path, send, [(b"x-request-id", _request_id(headers))])
         if path == "/readyz":
             return await self.readyz(send, headers)
-        if path == "/metrics":
-            return await send_bytes(
-                send, 200, self.gw.metrics.render(), [(b"x-request-id", _request_id(headers))],
-                b"text/plain; version=0.0.4; charset=utf-8",
-            )  # fmt: skip
         if path == "/openapi.json":
             return await send_bytes(send, 200, OPENAPI_JSON, [(b"x-request-id", _request_id(headers))])
         return await self._plain_error(send, headers, GatewayError(404, "not_found", f"no route {path}"))
@@ -557,43 +563,11 @@ class GatewayApp:
         await send_bytes(send, 200, orjson.dumps(list_models(snap, tenant)), [(b"x-request-id", rid)])
 
     async def readyz(self, send: Send, headers: dict[bytes, bytes]) -> None:
-        """SPEC §17: not ready only when this gateway cannot serve at all — no routing table
-        yet, draining, or the rate-limit store down in ``closed`` mode. With no healthy
-        replica it stays ready (requests get the designed 503 ``no_capacity``), so a load
-        balancer does not drop every gateway at once."""
-        gw = self.gw
-        table = gw.table.status()
-        limiter_ok = await gw.limiter.healthy()
-        gw.limiter_failed(not limiter_ok)
-        mode = gw.settings.ratelimit_on_error
-        healthy = gw.healthy_replicas()
-        ready = table["loaded"] and not gw.draining and (limiter_ok or mode == "open")
-        reasons = []
-        if not table["loaded"]:
-            reasons.append("routing table not loaded")
-        if gw.draining:
-            reasons.append("draining: shutting down")
-        if not limiter_ok:
-            reasons.append(
-                f"rate-limit store unreachable: ratelimit_on_error={mode} "
-                + ("(admitting without limits)" if mode == "open" else "(refusing requests)")
-            )
-        warnings = []
-        if table["stale"]:
-            warnings.append("registry unreachable: serving a stale routing snapshot")
-        if healthy == 0:
-            warnings.append("no healthy replica: requests get 503 no_capacity")
-        body: dict[str, Any] = {
-            "ready": bool(ready),
-            "reasons": reasons,
-            "warnings": warnings,
-            "draining": gw.draining,
-            "routing_table": table,
-            "replicas_healthy": healthy,
-            "ratelimit": {"backend": gw.limiter.name, "healthy": limiter_ok, "on_error": mode},
-        }
+        """SPEC §17/§19: ready unless this gateway cannot serve at all; reason codes only (the
+        messages, the routing table's last error and the backend are on the internal port)."""
+        r = await readiness(self.gw)
         await send_bytes(
-            send, 200 if ready else 503, orjson.dumps(body), [(b"x-request-id", _request_id(headers))]
+            send, r.status, orjson.dumps(public_body(r)), [(b"x-request-id", _request_id(headers))]
         )
 
 
@@ -655,6 +629,9 @@ def _content_type(result: ForwardResult) -> bytes:
     return b"application/json"
 
 
-def create_gateway_app(gateway: Gateway, *, manage_lifecycle: bool = True) -> GatewayApp:
-    """The ASGI app serving ``gateway`` (lifespan events start/stop it when ``manage_lifecycle``)."""
-    return GatewayApp(gateway, manage_lifecycle=manage_lifecycle)
+def create_gateway_app(gateway: Gateway, *, manage_lifecycle: bool = True, local: bool = False) -> GatewayApp:
+    """The public ASGI app serving ``gateway`` (lifespan events start/stop it when
+    ``manage_lifecycle``). ``local``: also ``/metrics`` and the detailed ``/readyz`` on this port
+    (``loraplane up`` on loopback, SPEC §19); production serves them on the internal port
+    (:func:`gateway.internal.create_internal_app`)."""
+    return GatewayApp(gateway, manage_lifecycle=manage_lifecycle, local=local)

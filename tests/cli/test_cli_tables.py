@@ -90,8 +90,9 @@ def test_layout_rules() -> None:
     assert layout(cols, cells, None) == [30, 60, 20]
     assert layout(cols, cells, 80) == [30, 26, 20]  # the text cut first
     assert layout(cols, cells, 60) == [30, 28, None]  # then the extra column left out
-    assert layout(cols, cells, 40) == [30, 11, None]  # then the text cut to its floor
-    assert layout(cols, cells, 20) == [30, 11, None]  # keys stay whole even past the width
+    assert layout(cols, cells, 43) == [30, 11, None]  # then the text cut to its floor
+    assert layout(cols, cells, 40) == [30, None, None]  # then left out
+    assert layout(cols, cells, 20) == [30, None, None]  # keys stay whole even past the width
     rows = [{"id": "a", "d": "one\ntwo"}]
     assert render_rows(rows, [Col("id", lambda r: r["id"]), Col("d", lambda r: r["d"])], str, None) == [
         "id  d",

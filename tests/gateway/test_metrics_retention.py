@@ -420,7 +420,7 @@ class AppEnv:
         self.table = RoutingTable(lambda: self.snap, refresh_s=60)
         self.gw = Gateway(GatewaySettings(), router=FakeRouter(), table=self.table)
         self.client = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=create_gateway_app(self.gw)), base_url="http://gw"
+            transport=httpx.ASGITransport(app=create_gateway_app(self.gw, local=True)), base_url="http://gw"
         )
 
     async def chat(self, model: str) -> httpx.Response:
