@@ -500,7 +500,7 @@ class GatewayApp:
         now = time.perf_counter()
         latency = now - ctx.t0
         tenant = m.tenant(ctx.tenant)
-        m.count(tenant, ctx.adapter, ctx.version, ctx.served_version, ctx.endpoint, ctx.status, ctx.error)
+        m.count(tenant, ctx.adapter, ctx.version, ctx.endpoint, ctx.status, ctx.error, ctx.served_version)
         if not ctx.error and ctx.status < 400:
             s = m.series(tenant, ctx.adapter, ctx.version)
             s.latency.observe(latency)

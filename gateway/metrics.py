@@ -135,9 +135,13 @@ class GatewayMetrics:
         return s
 
     def count(
-        self, tenant: str, adapter: str, version: str, served: str, endpoint: str, status: int, error: str
-    ) -> None:
-        """One answer: requests{served_version, code} (+ errors{error})."""
+        self, tenant: str, adapter: str, version: str, endpoint: str, status: int, error: str,
+        served: str | None = None,
+    ) -> None:  # fmt: skip
+        """One answer: requests{served_version, code} (+ errors{error}); ``served`` is the version
+        that answered (default: ``version``; "" when nothing did)."""
+        if served is None:
+            served = version
         key = (tenant, adapter, version, served, endpoint, status, error)
         c = self._counts.get(key)
         if c is not None:

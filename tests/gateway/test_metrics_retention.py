@@ -94,7 +94,7 @@ class World:
     def serve(self, adapter_id: str, version: str, tenant: str = "acme", status: int = 200) -> None:
         """What ``GatewayApp._finish`` records for one answer."""
         error = "" if status < 400 else "oops"
-        self.gm.count(tenant, adapter_id, version, version, "chat/completions", status, error)
+        self.gm.count(tenant, adapter_id, version, "chat/completions", status, error)
         if status < 400:
             s = self.gm.series(tenant, adapter_id, version)
             s.latency.observe(0.01)
