@@ -90,7 +90,10 @@ class _Ctx:
     completion_tokens: int | None = None
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     canary: bool = False  # the adapter had a canary: the outcome feeds canary analysis (SPEC §16)
-    other_version: bool = False  # a load-failure fallback answered (SPEC §15)
+    # what answered (SPEC §15): ``version`` unless a load-failure fallback served another one or
+    # the base model (``base``); "" while nothing answered. ``fallback``: that fallback's kind.
+    served_version: str = ""
+    fallback: str = ""
     answer: bytes | None = None  # the non-streamed body, kept only while ``canary`` (format checks)
 
 
@@ -233,13 +236,15 @@ class GatewayApp:
                 await asyncio.shield(self._settle(lease, 0))
             raise
         ctx.replica, ctx.cold_load, ctx.queue_s = result.replica, result.cold_load, result.queue_s
-        ctx.other_version = result.fallback is not None
         out_headers = [(b"x-request-id", ctx.request_id), *ctx.headers]
         if result.fallback is not None and result.served_version is not None:  # SPEC §15
+            ctx.fallback, ctx.served_version = result.fallback, result.served_version
             out_headers.append((b"x-loraplane-fallback", result.fallback.encode()))
             out_headers.append((b"x-loraplane-adapter-version", result.served_version.encode()))
-        elif res.version is not None:
-            out_headers.append((b"x-loraplane-adapter-version", res.version.version.encode()))
+        else:
+            ctx.served_version = ctx.version
+            if res.version is not None:
+                out_headers.append((b"x-loraplane-adapter-version", res.version.version.encode()))
         if result.status >= 400:
             return await self._upstream_error(send, ctx, result, lease, out_headers)
         if result.stream is not None and req.stream:
@@ -495,7 +500,7 @@ class GatewayApp:
         now = time.perf_counter()
         latency = now - ctx.t0
         tenant = m.tenant(ctx.tenant)
-        m.count(tenant, ctx.adapter, ctx.version, ctx.endpoint, ctx.status, ctx.error)
+        m.count(tenant, ctx.adapter, ctx.version, ctx.endpoint, ctx.status, ctx.error, ctx.served_version)
         if not ctx.error and ctx.status < 400:
             s = m.series(tenant, ctx.adapter, ctx.version)
             s.latency.observe(latency)
@@ -515,7 +520,7 @@ class GatewayApp:
                 ctx.version,
                 ctx.status,
                 first_byte,
-                other_version=ctx.other_version,
+                other_version=bool(ctx.fallback),
                 answer=ctx.answer,
             )
         if log.isEnabledFor(logging.INFO):
@@ -530,6 +535,8 @@ class GatewayApp:
                     "model": ctx.model or None,
                     "adapter": ctx.adapter or None,
                     "version": ctx.version or None,
+                    "served_version": ctx.served_version or None,
+                    "fallback": ctx.fallback or None,
                     "replica": ctx.replica or None,
                     "status": ctx.status,
                     "error": ctx.error or None,

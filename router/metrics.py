@@ -62,8 +62,9 @@ class RouterMetrics:
         self.fallbacks = Counter(
             "loraplane_fallbacks",
             "Requests answered by an adapter's on_load_failure policy (SPEC §15), by the version that "
-            "could not be served and the kind of fallback (previous_version, base_model).",
-            ["adapter", "version", "kind"],
+            "could not be served, the kind of fallback (previous_version, base_model) and the version "
+            "that answered instead (`base` for the base model).",
+            ["adapter", "version", "kind", "served_version"],
             registry=registry,
         )
         self.wrong_adapter = Counter(

@@ -309,7 +309,7 @@ def test_request_id_readyz_metrics(plat: Platform) -> None:
     assert httpx.get(f"{u}/metrics").status_code == 404  # the internal port's, not the public one's
     m = httpx.get(f"{plat.internal(u)}/metrics").text
     assert (
-        'loraplane_gateway_requests_total{adapter="alpha",code="200",endpoint="chat/completions",tenant="acme"'
-        in m
+        'loraplane_gateway_requests_total{adapter="alpha",code="200",endpoint="chat/completions",'
+        'served_version="v1",tenant="acme"' in m
     )
     assert "loraplane_gateway_ttft_seconds_bucket" in m

@@ -205,7 +205,7 @@ def test_pinned_version_never_falls_back_and_fallbacks_are_counted_and_audited(p
         for fam in text_string_to_metric_families(m)
         for s in fam.samples
         if s.name == "loraplane_fallbacks_total"
-        and s.labels == {"adapter": aid, "version": "v2", "kind": "previous_version"}
+        and s.labels == {"adapter": aid, "version": "v2", "kind": "previous_version", "served_version": "v1"}
     ]
     assert got == [2.0]
     events = audit_events(plat, "adapter.fallback", aid)
