@@ -38,6 +38,7 @@ class Platform:
     keys: dict[str, str] = field(default_factory=dict)
     sim_urls: list[str] = field(default_factory=list)
     sims: list[SimProcess] = field(default_factory=list)  # the replicas' processes (fault tests signal them)
+    database_url: str = ""  # the registry's PostgreSQL database (tests read its revision)
 
     def upload(self, adapter_id: str, seed: int) -> str:
         d = self.workdir / f"src-{adapter_id}-{seed}"
@@ -136,7 +137,14 @@ def run_platform(
                 [(p, http_ready(f"{u}/readyz")) for p, u in zip(procs[1:], gw_urls, strict=True)], 90
             )
             yield Platform(
-                admin_url, gw_urls, admin, workdir, procs, sim_urls=[p.url for p in sim_procs], sims=sim_procs
+                admin_url,
+                gw_urls,
+                admin,
+                workdir,
+                procs,
+                sim_urls=[p.url for p in sim_procs],
+                sims=sim_procs,
+                database_url=pg,
             )
             admin.close()
         finally:
