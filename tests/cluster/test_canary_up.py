@@ -1,6 +1,7 @@
 """Canary analysis in ``loraplane up`` (SPEC §16): the analyser runs in the one process on the
 gateway's in-memory counters. A canary of the demo adapter whose simulated replicas answer 30 %
-errors is cleared by itself, with its evidence in the audit log."""
+errors is cleared by itself, with its evidence in the audit log, and the gateway serves only the
+active version within 1 s of the abort (the analyser writes through the change feed, SPEC §19)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ def test_up_aborts_a_failing_canary_by_itself(tmp_path: Path) -> None:
             )
             admin.promote("demo-support", "v2", canary_weight=50)
             statuses: list[int] = []
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
             with httpx.Client(
                 base_url=f"http://127.0.0.1:{port}/v1",
                 headers={"Authorization": f"Bearer {key.group(1)}"},
@@ -77,17 +79,17 @@ def test_up_aborts_a_failing_canary_by_itself(tmp_path: Path) -> None:
             ) as c:
                 deadline = time.monotonic() + 120
                 while admin.get_adapter("demo-support")["canary_version"] and time.monotonic() < deadline:
-                    for _ in range(20):
-                        r = c.post(
-                            "/chat/completions",
-                            json={
-                                "model": model,
-                                "messages": [{"role": "user", "content": "hi"}],
-                                "max_tokens": 2,
-                            },
-                        )
-                        statuses.append(r.status_code)
-            assert admin.get_adapter("demo-support")["canary_version"] is None, Counter(statuses)
+                    for _ in range(5):
+                        statuses.append(c.post("/chat/completions", json=body).status_code)
+                seen = time.monotonic()  # the registry shows the abort
+                assert admin.get_adapter("demo-support")["canary_version"] is None, Counter(statuses)
+                # SPEC §4, §19: the analyser's change is in force on the gateway within 1 s
+                time.sleep(max(0.0, seen + 1.0 - time.monotonic()))
+                served = Counter(
+                    c.post("/chat/completions", json=body).headers.get("x-loraplane-adapter-version")
+                    for _ in range(20)
+                )
+                assert served == Counter({"v1": 20}), served
             [ev] = admin.list_audit(action="version.canary_aborted", subject_id="demo-support")
             assert ev["actor"] == "canary-analyzer" and ev["details"]["reasons"] == ["error_rate"], (
                 json.dumps(ev["details"])

@@ -2,16 +2,17 @@
 
 An operator signs in with the admin token, finds an adapter, starts a 10 % canary with the
 slider (the adapters list, open in another tab, shows the new canary without a reload), promotes,
-rolls back and finds the rollback in the audit log; replicas, traffic and tenants pages show what
-the platform really did (a key is issued and shown once). A forged form post without the CSRF
-token is refused, and a viewer principal sees the buttons it may not use disabled with the
-reason. On a tenant's page an operator changes limits, grants and revokes an adapter and revokes
-a key (the gateway refuses it at once); the traffic page counts designed 429s apart from errors
-and shows the latency of non-streamed answers; the audit log reads newest first with a Since
-field that shows its whole value; the principals page lists ``bootstrap``, the principal
-``loraplane whoami`` reports. No page logs a Content-Security-Policy violation. Screenshots of
-every page go to the test's temp dir; the adapter page's is also written to
-``docs/console-adapter.png``.
+rolls back (then finds Roll back disabled with the reason) and finds the rollback in the audit
+log; ends a canary, re-enables a disabled version and sees a forced promotion request marked;
+replicas, traffic and tenants pages show what the platform really did (a key is issued and shown
+once). A forged form post without the CSRF token is refused, and a viewer principal sees the
+buttons it may not use disabled with the reason. On a tenant's page an operator changes limits,
+grants and revokes an adapter and revokes a key (the gateway refuses it at once); the traffic page
+counts designed 429s apart from errors and shows the latency of non-streamed answers; the audit
+log reads newest first with a Since field that shows its whole value; the principals page lists
+``bootstrap``, the principal ``loraplane whoami`` reports. No page logs a Content-Security-Policy
+violation. Screenshots of every page go to the test's temp dir; the adapter page's is also
+written to ``docs/console-adapter.png``.
 """
 
 from __future__ import annotations
@@ -163,8 +164,13 @@ def test_operator_canary_promote_rollback_and_audit(browser: Browser, prepared: 
     expect(page.locator("#active-version")).to_have_text("v1")
     expect(page.locator("#adapter-audit tbody tr").first).to_contain_text("adapter.rolled_back")
 
-    # rolling back again would be refused: the confirmation shows why, with no confirm button
-    page.get_by_role("button", name="Roll back").click()
+    # rolling back again would be refused: the button is disabled and says why (SPEC §19)
+    expect(page.get_by_role("button", name="Roll back")).to_be_disabled()
+    expect(page.locator("#why-rollback")).to_have_text(
+        "nothing to roll back to: no version before v1 that is not disabled"
+    )
+    # a hand-made confirmation link still shows the refusal, with no confirm button
+    page.goto(f"{up.console}/adapters/{ADAPTER}/confirm?action=rollback")
     expect(page.get_by_role("alert")).to_contain_text("no_rollback_target")
     expect(page.get_by_role("button", name=re.compile("^Confirm"))).to_have_count(0)
 
@@ -230,6 +236,65 @@ def test_operator_canary_promote_rollback_and_audit(browser: Browser, prepared: 
     # no CSP violation, no script error, no missing resource (the refused rollback's page is a 409)
     errors = [e for e in tab.errors + watcher.errors if "status of 409" not in e]
     assert not errors, errors
+    ctx.close()
+
+
+def test_operator_ends_a_canary_re_enables_a_version_and_sees_a_forced_request(
+    browser: Browser, prepared: Up, tmp_path: Path
+) -> None:
+    """SPEC §19 in the console: End canary (active kept), Roll back enabled only while it would
+    run, Enable vN for a disabled version, and a forced promotion request marked on Approvals."""
+    up = prepared
+    with AdminClient(up.admin_url, ADMIN_TOKEN) as admin:
+        if admin.get_adapter(ADAPTER)["active_version"] != "v1":
+            admin.promote(ADAPTER, "v1")
+        admin.promote(ADAPTER, "v2", canary_weight=20)
+    ctx = browser.new_context(viewport={"width": 1280, "height": 860})
+    tab = Tab(ctx.new_page(), tmp_path)
+    page = tab.page
+    sign_in(tab, up, ADMIN_TOKEN)
+    page.goto(f"{up.console}/adapters/{ADAPTER}")
+    expect(page.locator("#canary-version")).to_have_text("v2 at 20 %")
+    expect(page.get_by_role("button", name="Roll back")).to_be_enabled()  # it would end the canary
+    page.get_by_role("button", name="End canary").click()
+    lines = page.locator("#change-lines li")
+    expect(lines.filter(has_text="Canary: v2 at 20 % → none.")).to_have_count(1)
+    expect(lines.filter(has_text="Active version")).to_have_count(0)
+    tab.shot("confirm-end-canary")
+    page.get_by_role("button", name="Confirm: end canary").click()
+    expect(page.locator("#done")).to_have_text("End canary: done")
+    expect(page.locator("#canary-version")).to_have_text("none")
+    expect(page.locator("#active-version")).to_have_text("v1")
+    expect(page.get_by_role("button", name="End canary")).to_have_count(0)
+    expect(page.get_by_role("button", name="Roll back")).to_be_disabled()
+    expect(page.locator("#adapter-audit tbody tr").first).to_contain_text("version.canary_cleared")
+
+    # a disabled version gets its Enable button back
+    with AdminClient(up.admin_url, ADMIN_TOKEN) as admin:
+        admin.disable_version(ADAPTER, "v2")
+    page.reload()
+    page.get_by_role("button", name="Enable v2").click()
+    expect(page.locator("#change-lines li").filter(has_text="Version v2: disabled → ready.")).to_have_count(1)
+    page.get_by_role("button", name="Confirm: enable version v2").click()
+    expect(page.locator("#done")).to_have_text("Enable version v2: done")
+    expect(page.locator('#versions tr[data-version="v2"] .badge').first).to_have_text("ready")
+    tab.shot("adapter-after-enable")
+
+    # a forced promotion request is marked where approvers decide
+    with AdminClient(up.admin_url, ADMIN_TOKEN) as admin:
+        admin.set_adapter_approvals(ADAPTER, 1)
+        try:
+            req = admin.promote(ADAPTER, "v2", force=True)
+            assert req["force"] is True
+            page.goto(f"{up.console}/approvals?adapter_id={ADAPTER}")
+            row = page.locator(f'#promotions tr[data-promotion="{req["id"]}"]')
+            expect(row.locator(".force-col")).to_have_text("forced")
+            expect(row.get_by_role("button", name="Approve")).to_be_disabled()  # bootstrap asked for it
+            tab.shot("approvals-forced")
+            admin.reject_promotion(req["id"], "browser test")
+        finally:
+            admin.set_adapter_approvals(ADAPTER, None)
+    assert not tab.errors, tab.errors
     ctx.close()
 
 

@@ -38,6 +38,7 @@ class Platform:
     keys: dict[str, str] = field(default_factory=dict)
     sim_urls: list[str] = field(default_factory=list)
     sims: list[SimProcess] = field(default_factory=list)  # the replicas' processes (fault tests signal them)
+    database_url: str = ""  # the registry's PostgreSQL database (tests read its revision)
     # each gateway's internal port (SPEC §19): /metrics and the detailed /readyz, in gateway_urls' order
     internal_urls: list[str] = field(default_factory=list)
 
@@ -152,6 +153,7 @@ def run_platform(
                 procs,
                 sim_urls=[p.url for p in sim_procs],
                 sims=sim_procs,
+                database_url=pg,
                 internal_urls=internal_urls,
             )
             admin.close()
