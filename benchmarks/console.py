@@ -54,6 +54,7 @@ PAGES = (
     "/traffic",
     "/tenants",
     "/tenants/tenant-01",
+    "/principals",
     "/audit",
 )
 

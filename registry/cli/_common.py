@@ -166,7 +166,9 @@ def err_console() -> Console:
 
 
 def out_console() -> Console:
-    return Console(highlight=False)
+    """Summary lines on stdout: never wrapped by rich (a pipe or a narrow terminal gets the whole
+    line; the terminal wraps it, not a newline in the output)."""
+    return Console(highlight=False, soft_wrap=True)
 
 
 def fail(message: str, code: int = EXIT_API_ERROR) -> typer.Exit:

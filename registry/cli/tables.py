@@ -6,7 +6,7 @@ one of three kinds:
 - **key** (the default: ids, versions, names, statuses, numbers, times): printed whole, never
   cut or wrapped, whatever the width;
 - **text** (:func:`text`: descriptions, details, lists): cut with ``…`` when the table is wider
-  than the screen, down to a few characters;
+  than the screen, down to a few characters, else left out;
 - **extra** (:func:`extra`: e.g. creation times): left out when the table still does not fit.
 
 The width is ``COLUMNS`` when set, else the terminal's; through a pipe (stdout not a terminal,
@@ -95,8 +95,8 @@ def _fit_text(natural: dict[int, int], room: int, floors: dict[int, int]) -> dic
 def layout(cols: Sequence[Col], cells: Sequence[Sequence[str]], limit: int | None) -> list[int | None]:
     """Each column's width, or None for a column left out, so that the table fits ``limit``:
     text columns are cut (not below ``COMFORTABLE`` characters) before extra columns are left out
-    (the rightmost first), then cut further (not below ``MIN_TEXT``); key columns stay whole, even
-    past the limit."""
+    (the rightmost first), then cut further (not below ``MIN_TEXT``), then left out; key columns
+    stay whole, even past the limit."""
     natural = [
         max([len(c.header)] + [len(line) for row in cells for line in row[i].split("\n")])
         for i, c in enumerate(cols)
@@ -118,11 +118,11 @@ def layout(cols: Sequence[Col], cells: Sequence[Sequence[str]], limit: int | Non
         if not extras:
             break
         shown.remove(extras[-1])
-    if fitted is None:
-        fitted = attempt(MIN_TEXT)
-    if fitted is None:  # keys stay whole past the limit; text columns at their floor
-        fitted = {i: min(w, max(MIN_TEXT, len(cols[i].header))) for i, w in texts.items()}
-    return widths(fitted)
+    while fitted is None and (fitted := attempt(MIN_TEXT)) is None and texts:
+        gone = max(texts)  # a text column that cannot get its floor is left out, the rightmost first
+        del texts[gone]
+        shown.remove(gone)
+    return widths(fitted or {})
 
 
 def render_rows(rows: Sequence[dict[str, Any]], columns: Iterable[Col | tuple[str, Getter]],

@@ -8,7 +8,8 @@
 Modules: ``web`` (templates, security headers, signed-in viewer, CSRF), ``session`` (signed
 cookie), ``routes_auth`` (sign-in/out), ``routes_adapters`` (adapters, adapter, confirmed
 changes), ``changes`` (actions and their rolled-back previews), ``routes_ops`` (replicas,
-traffic, tenants, audit), ``routes_approvals`` (promotion requests), ``replica_view``,
+traffic, audit), ``routes_tenants`` (tenants: keys, grants, limits), ``routes_principals``
+(principals, the bootstrap one included), ``routes_approvals`` (promotion requests), ``replica_view``,
 ``traffic``, ``traffic_ring``, ``traffic_redis``, ``wiring`` and ``stats`` (traffic samples and
 rows), ``settings`` (``ConsoleSettings``).
 Actions call the same ``registry.services`` functions as the admin API's routes.
@@ -20,7 +21,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 
-from registry.console import routes_adapters, routes_approvals, routes_auth, routes_ops
+from registry.console import (
+    routes_adapters,
+    routes_approvals,
+    routes_auth,
+    routes_ops,
+    routes_principals,
+    routes_tenants,
+)
 from registry.console.session import SessionCodec, console_secret
 from registry.console.settings import ConsoleSettings
 from registry.console.traffic import NoTraffic, TrafficSource
@@ -38,7 +46,8 @@ def install_console(app: FastAPI) -> None:
         traffic=NoTraffic(),
         secure_cookies=settings.console_secure_cookies,
     )
-    for module in (routes_auth, routes_adapters, routes_ops, routes_approvals):
+    pages = (routes_auth, routes_adapters, routes_ops, routes_tenants, routes_principals, routes_approvals)
+    for module in pages:
         app.include_router(module.router, prefix=BASE, include_in_schema=False)
     app.mount(BASE + "/static", StaticFiles(directory=str(HERE / "static")), name="console-static")
 

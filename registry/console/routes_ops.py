@@ -1,21 +1,19 @@
-"""Console pages: replicas grid, traffic, tenants (issue a key, shown once), audit log."""
+"""Console pages: replicas grid, traffic, audit log (tenants: ``routes_tenants``)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-import anyio.to_thread
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from kit.errors import InvalidRequest, LoraplaneError
-from registry.api.deps import AdminState, read, write
+from registry.api.deps import AdminState, read
 from registry.console.replica_view import residency
 from registry.console.stats import sparkline, summarize
-from registry.console.web import Viewer, admin, check_csrf, console_of, error_page, render, signed_in
+from registry.console.web import Viewer, admin, console_of, error_page, render, signed_in
 from registry.services import audit as audit_svc
-from registry.services import tenants as tenant_svc
 
 router = APIRouter()
 
@@ -103,55 +101,6 @@ def traffic_page(
     return render(request, "traffic.html", ctx, viewer=viewer)
 
 
-@router.get("/tenants", response_class=HTMLResponse)
-def tenants_page(
-    request: Request,
-    viewer: Annotated[Viewer, Depends(signed_in)],
-    st: Annotated[AdminState, Depends(admin)],
-    cursor: Opt = None,
-) -> Response:
-    try:
-        page = read(st, lambda s: tenant_svc.list_tenants(s, limit=50, cursor=cursor or None))
-    except LoraplaneError as e:
-        return error_page(request, e, viewer)
-    return render(request, "tenants.html", {"page": page}, viewer=viewer)
-
-
-@router.get("/tenants/{tenant_id}", response_class=HTMLResponse)
-def tenant_page(
-    request: Request,
-    tenant_id: str,
-    viewer: Annotated[Viewer, Depends(signed_in)],
-    st: Annotated[AdminState, Depends(admin)],
-) -> Response:
-    try:
-        t = read(st, lambda s: tenant_svc.describe_tenant(s, tenant_id))
-    except LoraplaneError as e:
-        return error_page(request, e, viewer)
-    ctx = {"t": t, "why_key": viewer.reason_not("tenant.write", None)}
-    return render(request, "tenant.html", ctx, viewer=viewer)
-
-
-@router.post("/tenants/{tenant_id}/keys", response_class=HTMLResponse)
-async def issue_key(
-    request: Request,
-    tenant_id: str,
-    viewer: Annotated[Viewer, Depends(signed_in)],
-    st: Annotated[AdminState, Depends(admin)],
-) -> Response:
-    """Issue a tenant API key and show it once (this answer is the only place it ever appears)."""
-    form = dict(await request.form())
-    try:
-        check_csrf(viewer, form)
-        viewer.require("tenant.write", None)
-        issued = await anyio.to_thread.run_sync(
-            lambda: write(st, lambda s: tenant_svc.issue_key(s, tenant_id, actor=viewer.id))
-        )
-    except LoraplaneError as e:
-        return error_page(request, e, viewer)
-    return render(request, "key_issued.html", {"tenant_id": tenant_id, "issued": issued}, viewer=viewer)
-
-
 def _since(value: str | None) -> datetime | None:
     if not value:
         return None
@@ -171,16 +120,19 @@ def audit_page(
     subject_type: Opt = None,
     subject_id: Opt = None,
     since: Opt = None,
+    order: Opt = None,
     cursor: Opt = None,
 ) -> Response:
-    """Audit events, oldest first like ``GET /admin/v1/audit``; ``since`` defaults to an hour ago."""
+    """Audit events, newest first (``order=asc``: oldest first, like ``GET /admin/v1/audit``);
+    ``since`` defaults to an hour ago."""
     if since is None:
-        since = (datetime.now(UTC) - timedelta(hours=1)).replace(microsecond=0).isoformat()
+        since = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     params: dict[str, Any] = {
         "action": action or None,
         "subject_type": subject_type or None,
         "subject_id": subject_id or None,
         "since": since,
+        "order": "asc" if order == "asc" else None,  # the default (None) is newest first
     }
     try:
         when = _since(since)
@@ -194,6 +146,7 @@ def audit_page(
                 subject_type=params["subject_type"],
                 subject_id=params["subject_id"],
                 since=when,
+                order=params["order"] or "desc",
             ),
         )
     except LoraplaneError as e:

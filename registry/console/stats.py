@@ -19,7 +19,10 @@ class TrafficRow:
     adapter: str
     version: str
     requests: int
-    errors: int
+    errors: int  # error answers other than rate-limit refusals
+    rate_limited: int  # 429 rate_limit_exceeded
+    latency_p50: float | None  # whole answers (non-streamed traffic's only latency)
+    latency_p99: float | None
     ttft_p50: float | None
     ttft_p99: float | None
     itl_p50: float | None
@@ -51,6 +54,9 @@ def summarize(window: TrafficWindow, *, limit: int = 50, offset: int = 0) -> tup
                 version=key[1],
                 requests=round(t.requests),
                 errors=round(t.errors),
+                rate_limited=round(t.rate_limited),
+                latency_p50=quantile(0.5, t.latency),
+                latency_p99=quantile(0.99, t.latency),
                 ttft_p50=quantile(0.5, t.ttft),
                 ttft_p99=quantile(0.99, t.ttft),
                 itl_p50=quantile(0.5, t.itl),

@@ -18,7 +18,9 @@ an hour of samples for every series.
 - ``NoTraffic`` is used when there is neither; the page says so instead of drawing empty charts.
 
 Metric names read (the gateway's and router's public ``/metrics`` names):
-``loraplane_gateway_requests_total``, ``loraplane_gateway_errors_total``,
+``loraplane_gateway_requests_total``, ``loraplane_gateway_errors_total`` (split: a 429
+``rate_limit_exceeded`` is a designed refusal, counted apart from the errors),
+``loraplane_gateway_request_seconds_bucket`` (whole answers: the latency of non-streamed traffic),
 ``loraplane_gateway_ttft_seconds_bucket``, ``loraplane_gateway_inter_token_seconds_bucket``,
 ``loraplane_gateway_tokens_total{kind="completion"}``, ``loraplane_adapter_loads_total{result="ok"}``,
 ``loraplane_cold_start_wait_seconds_count``.
@@ -41,12 +43,14 @@ class Counters:
     """Cumulative counters of one (adapter, version) at one instant."""
 
     requests: float = 0.0
-    errors: float = 0.0
+    errors: float = 0.0  # error answers other than rate-limit refusals
     tokens: float = 0.0
     loads: float = 0.0
     cold_waits: float = 0.0
     ttft: dict[float, float] = field(default_factory=dict)  # cumulative bucket counts by upper bound
     itl: dict[float, float] = field(default_factory=dict)
+    rate_limited: float = 0.0  # 429 rate_limit_exceeded answers
+    latency: dict[float, float] = field(default_factory=dict)  # whole-answer latency buckets
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +104,9 @@ class NoTraffic:
 _BUCKET_FAMILIES = {
     "loraplane_gateway_ttft_seconds_bucket": "ttft",
     "loraplane_gateway_inter_token_seconds_bucket": "itl",
+    "loraplane_gateway_request_seconds_bucket": "latency",
 }
+RATE_LIMITED = frozenset({"rate_limit_exceeded"})  # error codes of a designed 429
 
 
 def read_registries(registries: Iterable[CollectorRegistry]) -> dict[Key, Counters]:
@@ -127,7 +133,10 @@ def read_registries(registries: Iterable[CollectorRegistry]) -> dict[Key, Counte
                         c.requests += s.value
                 elif name == "loraplane_gateway_errors_total":
                     if (c := at(s.labels)) is not None:
-                        c.errors += s.value
+                        if s.labels.get("error") in RATE_LIMITED:
+                            c.rate_limited += s.value
+                        else:
+                            c.errors += s.value
                 elif name == "loraplane_gateway_tokens_total":
                     if s.labels.get("kind") == "completion" and (c := at(s.labels)) is not None:
                         c.tokens += s.value
@@ -138,7 +147,7 @@ def read_registries(registries: Iterable[CollectorRegistry]) -> dict[Key, Counte
                     if (c := at(s.labels)) is not None:
                         c.cold_waits += s.value
                 elif name in _BUCKET_FAMILIES and (c := at(s.labels)) is not None:
-                    buckets = c.ttft if _BUCKET_FAMILIES[name] == "ttft" else c.itl
+                    buckets = getattr(c, _BUCKET_FAMILIES[name])
                     le = float(s.labels["le"])
                     buckets[le] = buckets.get(le, 0.0) + s.value
     return out
@@ -186,6 +195,8 @@ def difference(cur: Counters, prev: Counters) -> Counters:
         cold_waits=_delta(cur.cold_waits, prev.cold_waits),
         ttft=_bucket_delta(cur.ttft, prev.ttft),
         itl=_bucket_delta(cur.itl, prev.itl),
+        rate_limited=_delta(cur.rate_limited, prev.rate_limited),
+        latency=_bucket_delta(cur.latency, prev.latency),
     )
 
 
@@ -195,7 +206,11 @@ def deltas_between(cur: dict[Key, Counters], prev: dict[Key, Counters]) -> dict[
     return {
         key: d
         for key, c in cur.items()
-        if (d := difference(c, prev.get(key, empty))).requests or d.loads or d.cold_waits or d.errors
+        if (d := difference(c, prev.get(key, empty))).requests
+        or d.loads
+        or d.cold_waits
+        or d.errors
+        or d.rate_limited
     }
 
 
@@ -211,11 +226,14 @@ def add_counters(into: Counters, d: Counters, sign: float) -> None:
     into.tokens += sign * d.tokens
     into.loads += sign * d.loads
     into.cold_waits += sign * d.cold_waits
-    for le, v in d.ttft.items():
-        into.ttft[le] = into.ttft.get(le, 0.0) + sign * v
-    for le, v in d.itl.items():
-        into.itl[le] = into.itl.get(le, 0.0) + sign * v
+    into.rate_limited += sign * d.rate_limited
+    for mine, theirs in ((into.ttft, d.ttft), (into.itl, d.itl), (into.latency, d.latency)):
+        for le, v in theirs.items():
+            mine[le] = mine.get(le, 0.0) + sign * v
 
 
 def copy_counters(c: Counters) -> Counters:
-    return Counters(c.requests, c.errors, c.tokens, c.loads, c.cold_waits, dict(c.ttft), dict(c.itl))
+    return Counters(
+        c.requests, c.errors, c.tokens, c.loads, c.cold_waits, dict(c.ttft), dict(c.itl),
+        c.rate_limited, dict(c.latency),
+    )  # fmt: skip

@@ -1,9 +1,11 @@
 """Traffic across processes: gateways publish their readings to Redis, the admin API reads them.
 
 Protocol (one Redis hash, ``{prefix}console:traffic``; field = a gateway process id, value =
-JSON ``{"v": 1, "ts": unix_seconds, "series": [[adapter, version, requests, errors, tokens,
-loads, cold_waits, [[le, count], …], [[le, count], …]], …]}`` — the process's cumulative
-counters, ``le`` as a string such as ``"0.025"`` or ``"inf"``):
+JSON ``{"v": 2, "ts": unix_seconds, "series": [[adapter, version, requests, errors, tokens,
+loads, cold_waits, ttft, itl, rate_limited, latency], …]}`` — the process's cumulative counters,
+each histogram as ``[[le, count], …]`` with ``le`` a string such as ``"0.025"`` or ``"inf"``; a
+version 1 reading (without ``rate_limited`` and ``latency``, from a gateway not yet upgraded) is
+read with those at zero):
 
 - ``TrafficPublisher`` (in every ``loraplane serve --role gateway`` process) writes its reading
   every ``interval_s`` with ``HSET`` and keeps the hash alive for an hour (``EXPIRE``); readings
@@ -44,7 +46,8 @@ from registry.console.traffic_ring import Poller, TrafficRing
 log = logging.getLogger("loraplane.registry.console")
 
 KEEP_S = 3600
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)
 
 
 def traffic_key(prefix: str) -> str:
@@ -56,9 +59,10 @@ def encode(ts: float, series: dict[Key, Counters]) -> str:
         return [[str(le), v] for le, v in sorted(b.items())]
 
     rows = [
-        [a, v, c.requests, c.errors, c.tokens, c.loads, c.cold_waits, buckets(c.ttft), buckets(c.itl)]
+        [a, v, c.requests, c.errors, c.tokens, c.loads, c.cold_waits, buckets(c.ttft), buckets(c.itl),
+         c.rate_limited, buckets(c.latency)]
         for (a, v), c in series.items()
-    ]
+    ]  # fmt: skip
     return json.dumps({"v": VERSION, "ts": ts, "series": rows}, separators=(",", ":"))
 
 
@@ -66,10 +70,12 @@ def decode(raw: str | bytes) -> tuple[float, dict[Key, Counters]] | None:
     """A published reading, or None when it is not one this version understands."""
     try:
         doc = json.loads(raw)
-        if doc.get("v") != VERSION:
+        if doc.get("v") not in READABLE:
             return None
         out: dict[Key, Counters] = {}
-        for a, v, req, err, tok, loads, cold, ttft, itl in doc["series"]:
+        for row in doc["series"]:
+            a, v, req, err, tok, loads, cold, ttft, itl = row[:9]
+            limited, latency = row[9:11] if doc["v"] >= 2 else (0.0, [])
             out[(str(a), str(v))] = Counters(
                 requests=float(req),
                 errors=float(err),
@@ -78,6 +84,8 @@ def decode(raw: str | bytes) -> tuple[float, dict[Key, Counters]] | None:
                 cold_waits=float(cold),
                 ttft={float(le): float(n) for le, n in ttft},
                 itl={float(le): float(n) for le, n in itl},
+                rate_limited=float(limited),
+                latency={float(le): float(n) for le, n in latency},
             )
         return float(doc["ts"]), out
     except (ValueError, TypeError, KeyError, AttributeError):

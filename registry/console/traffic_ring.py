@@ -58,7 +58,10 @@ class TrafficRing:
                 for key, d in old_deltas.items():
                     total = self._totals[key]
                     add_counters(total, d, -1.0)
-                    if max(total.requests, total.errors, total.loads, total.cold_waits) <= 0:
+                    if (
+                        max(total.requests, total.errors, total.rate_limited, total.loads, total.cold_waits)
+                        <= 0
+                    ):
                         del self._totals[key]
 
     def window(self) -> TrafficWindow:

@@ -72,7 +72,7 @@ def test_a_pipe_and_wide_show_every_value_whole(api: None) -> None:
         lines = _lines(res.stdout)
         assert len(lines) == 2 + len(IDS)  # title, header, one line per adapter
         assert "created" in lines[1] and "2026-11-29 08:00:00Z" in lines[2]
-        assert ADAPTERS[0]["description"].strip() in lines[2] and "…" not in res.stdout
+        assert str(ADAPTERS[0]["description"]).strip() in lines[2] and "…" not in res.stdout
 
 
 def test_json_is_unchanged(api: None) -> None:
@@ -90,8 +90,9 @@ def test_layout_rules() -> None:
     assert layout(cols, cells, None) == [30, 60, 20]
     assert layout(cols, cells, 80) == [30, 26, 20]  # the text cut first
     assert layout(cols, cells, 60) == [30, 28, None]  # then the extra column left out
-    assert layout(cols, cells, 40) == [30, 11, None]  # then the text cut to its floor
-    assert layout(cols, cells, 20) == [30, 11, None]  # keys stay whole even past the width
+    assert layout(cols, cells, 43) == [30, 11, None]  # then the text cut to its floor
+    assert layout(cols, cells, 40) == [30, None, None]  # then left out
+    assert layout(cols, cells, 20) == [30, None, None]  # keys stay whole even past the width
     rows = [{"id": "a", "d": "one\ntwo"}]
     assert render_rows(rows, [Col("id", lambda r: r["id"]), Col("d", lambda r: r["d"])], str, None) == [
         "id  d",

@@ -5,8 +5,13 @@ slider (the adapters list, open in another tab, shows the new canary without a r
 rolls back and finds the rollback in the audit log; replicas, traffic and tenants pages show what
 the platform really did (a key is issued and shown once). A forged form post without the CSRF
 token is refused, and a viewer principal sees the buttons it may not use disabled with the
-reason. No page logs a Content-Security-Policy violation. Screenshots of every page go to the
-test's temp dir; the adapter page's is also written to ``docs/console-adapter.png``.
+reason. On a tenant's page an operator changes limits, grants and revokes an adapter and revokes
+a key (the gateway refuses it at once); the traffic page counts designed 429s apart from errors
+and shows the latency of non-streamed answers; the audit log reads newest first with a Since
+field that shows its whole value; the principals page lists ``bootstrap``, the principal
+``loraplane whoami`` reports. No page logs a Content-Security-Policy violation. Screenshots of
+every page go to the test's temp dir; the adapter page's is also written to
+``docs/console-adapter.png``.
 """
 
 from __future__ import annotations
@@ -190,8 +195,8 @@ def test_operator_canary_promote_rollback_and_audit(browser: Browser, prepared: 
     expect(row).to_have_count(1)
     cells = row.locator("td").all_inner_texts()
     assert int(cells[1]) >= 6, cells  # requests
-    assert cells[2] == "0", cells  # errors
-    assert "ms" in cells[3], cells  # TTFT p50 / p99
+    assert cells[2] == "0" and cells[3] == "0", cells  # errors, 429s
+    assert "ms" in cells[4] and "ms" in cells[5], cells  # latency (every answer), TTFT (streams)
     assert row.locator("svg polyline").count() == 2
     tab.shot("traffic")
 
@@ -288,5 +293,90 @@ def test_viewer_sees_disabled_buttons_with_the_reason(browser: Browser, prepared
     assert r.status == 403 and "adapter.rollback" in r.text()
     r = page.request.get(f"{up.console}/adapters/{ADAPTER}/confirm?action=disable", max_redirects=0)
     assert r.status == 403
+    assert not tab.errors, tab.errors
+    ctx.close()
+
+
+def test_operator_tenant_page_traffic_429s_audit_and_principals(
+    browser: Browser, prepared: Up, tmp_path: Path
+) -> None:
+    up = prepared
+    with AdminClient(up.admin_url, ADMIN_TOKEN) as admin:
+        try:
+            admin.get_tenant("acme")
+        except Exception:
+            admin.create_tenant("acme", name="Acme", limits={"rpm": 100})
+        key = admin.issue_key("acme")["key"]
+        admin.put_grant("demo", "demo-sql", rpm=2)  # the third request in a minute is a designed 429
+    body = {"model": "demo-base:demo-sql", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    with httpx.Client(base_url=up.gateway_url, headers={"Authorization": f"Bearer {up.demo_key}"}) as gw:
+        codes = [gw.post("/v1/chat/completions", json=body, timeout=60).status_code for _ in range(4)]
+    assert sorted(codes) == [200, 200, 429, 429], codes
+
+    ctx = browser.new_context(viewport={"width": 1280, "height": 860})
+    tab = Tab(ctx.new_page(), tmp_path)
+    page = tab.page
+    sign_in(tab, up, ADMIN_TOKEN)
+
+    # traffic: two designed 429s are not errors; non-streamed answers have a latency
+    deadline = time.monotonic() + 30
+    while True:
+        page.goto(f"{up.console}/traffic")
+        row = page.locator('#traffic tr[data-series="demo-sql/v1"]')
+        cells = row.locator("td").all_inner_texts() if row.count() else []
+        if (cells and cells[3] == "2") or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert cells[1:4] == ["4", "0", "2"], cells  # requests, errors, 429s
+    assert re.match(r"^[\d.]+ ms / [\d.]+ ms$", cells[4]), cells  # latency of the two answers
+    assert cells[5] == "– / –", cells  # nothing was streamed: no TTFT
+    tab.shot("traffic-429")
+
+    # the tenant page: limits, grant, revoke grant, revoke key
+    page.goto(f"{up.console}/tenants/acme")
+    page.get_by_label("Requests per minute").fill("250")
+    page.get_by_label("Base model access").check()
+    page.get_by_role("button", name="Save limits").click()
+    expect(page.locator("#done")).to_have_text("acme: limits saved.")
+    expect(page.get_by_label("Requests per minute")).to_have_value("250")
+    page.get_by_label("Adapter", exact=True).fill("demo-sql")
+    page.get_by_role("button", name="Grant").click()
+    expect(page.locator("#grants tbody tr").filter(has_text="demo-sql")).to_have_count(1)
+    with httpx.Client(base_url=up.gateway_url, headers={"Authorization": f"Bearer {key}"}) as gw:
+        assert gw.post("/v1/chat/completions", json=body, timeout=60).status_code == 200
+        tab.shot("tenant-granted")
+        page.locator("#grants tbody tr").filter(has_text="demo-sql").get_by_role(
+            "link", name="Revoke…"
+        ).click()
+        expect(page.locator("#change-lines")).to_contain_text("404 model_not_found at once")
+        page.get_by_role("button", name="Confirm: Revoke the grant of demo-sql").click()
+        expect(page.locator("#done")).to_have_text("acme: grant of demo-sql revoked.")
+        expect(page.locator("#grants tbody tr").filter(has_text="demo-sql")).to_have_count(0)
+        time.sleep(1.5)  # every gateway within a second (SPEC §4)
+        assert gw.post("/v1/chat/completions", json=body, timeout=60).status_code == 404
+        page.locator("#keys tbody tr").filter(has_text=key[:8]).get_by_role("link", name="Revoke…").click()
+        expect(page.locator("#change-lines")).to_contain_text("get 401 at once")
+        tab.shot("tenant-confirm-revoke-key")
+        page.get_by_role("button", name=re.compile("^Confirm: Revoke key")).click()
+        expect(page.locator("#done")).to_contain_text("revoked")
+        time.sleep(1.5)
+        assert gw.get("/v1/models").status_code == 401
+    tab.shot("tenant-after")
+
+    # the audit log: newest first (the key revocation on top), the Since value shown whole
+    page.get_by_role("navigation").get_by_role("link", name="Audit").click()
+    expect(page.locator("#audit tbody tr").first).to_contain_text("key.revoked")
+    since = page.get_by_label("Since (UTC)")
+    assert since.evaluate("el => el.scrollWidth <= el.clientWidth"), since.input_value()
+    page.get_by_label("Order").select_option("asc")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator("#audit tbody tr").first).not_to_contain_text("key.revoked")
+    tab.shot("audit-oldest-first")
+
+    # principals: bootstrap (what `loraplane whoami` reports) is listed
+    page.get_by_role("navigation").get_by_role("link", name="Principals").click()
+    expect(page.locator("#principals tbody tr").first).to_contain_text("bootstrap")
+    expect(page.locator("#principals tbody tr").first).to_contain_text("admin")
+    tab.shot("principals")
     assert not tab.errors, tab.errors
     ctx.close()

@@ -33,7 +33,11 @@ def test_ring_reads_gateway_and_router_metrics_per_adapter_version() -> None:
     ring.sample()  # the baseline: no interval yet
     _serve(gw, "support", "v1", 8, ttft=0.02)
     _serve(gw, "support", "v2", 2, ttft=0.4)
+    gw.count("t2", "support", "v1", "chat", 429, "rate_limit_exceeded")  # designed: not an error
     gw.count("t2", "support", "v1", "chat", 429, "rate_limit_exceeded")
+    gw.count("t1", "support", "v1", "chat", 503, "no_capacity")  # a failure
+    gw.count("t1", "support", "v2", "chat", 200, "")  # a non-streamed answer: latency, no TTFT
+    gw.series("t1", "support", "v2").latency.observe(0.04)
     gw.count("t1", "", "", "chat", 200, "")  # bare base model: no adapter row
     rm.loads.labels("http://r1", "support", "v2", "ok").inc()
     rm.loads.labels("http://r1", "support", "v2", "timeout").inc()
@@ -46,13 +50,15 @@ def test_ring_reads_gateway_and_router_metrics_per_adapter_version() -> None:
     rows, total = summarize(w)
     assert total == 2
     v1, v2 = rows  # busiest first
-    assert (v1.adapter, v1.version, v1.requests, v1.errors) == ("support", "v1", 9, 1)
-    assert (v2.requests, v2.errors, v2.loads, v2.cold_waits) == (2, 0, 1, 1)
+    assert (v1.adapter, v1.version, v1.requests, v1.errors, v1.rate_limited) == ("support", "v1", 11, 1, 2)
+    assert (v2.requests, v2.errors, v2.rate_limited, v2.loads, v2.cold_waits) == (3, 0, 0, 1, 1)
+    assert v2.latency_p50 is not None and 0.025 < v2.latency_p50 <= 0.05  # the non-streamed answer
+    assert v1.latency_p50 is None  # _serve records TTFT only
     assert v1.tokens_per_s == 8.0  # 80 completion tokens in 10 s
     assert v1.ttft_p50 is not None and 0.01 < v1.ttft_p50 <= 0.025  # inside the 10–25 ms bucket
     assert v2.ttft_p99 is not None and 0.25 < v2.ttft_p99 <= 0.5
     assert v1.itl_p50 is not None and v1.itl_p50 <= 0.0025
-    assert v1.requests_series == [9.0]
+    assert v1.requests_series == [11.0]
 
 
 def test_counter_reset_costs_one_interval_and_old_intervals_leave_the_totals() -> None:
@@ -162,8 +168,16 @@ def test_gateways_publish_to_redis_and_the_admin_api_sums_their_intervals(
 
 
 def test_readings_round_trip_through_their_wire_format() -> None:
-    series = {("a", "v1"): Counters(requests=3, errors=1, tokens=9, ttft={0.1: 2.0, math.inf: 3.0})}
+    series = {
+        ("a", "v1"): Counters(
+            requests=3, errors=1, tokens=9, ttft={0.1: 2.0, math.inf: 3.0}, rate_limited=2,
+            latency={0.05: 1.0, math.inf: 1.0},
+        )
+    }  # fmt: skip
     ts, back = decode(encode(12.5, series)) or (0.0, {})
     assert ts == 12.5 and back == series
-    assert decode('{"v": 2, "ts": 1, "series": []}') is None
+    # a gateway not yet upgraded publishes version 1: read, with no 429s and no latency
+    v1 = '{"v": 1, "ts": 2, "series": [["a", "v1", 3, 1, 9, 0, 0, [["0.1", 2]], []]]}'
+    assert decode(v1) == (2.0, {("a", "v1"): Counters(requests=3, errors=1, tokens=9, ttft={0.1: 2.0})})
+    assert decode('{"v": 3, "ts": 1, "series": []}') is None
     assert decode(b"[]") is None
