@@ -57,7 +57,7 @@ class ThreadedChangeApplier:
     def _apply(
         self, base: RoutingSnapshot, subjects: frozenset[str], revision: int
     ) -> RoutingSnapshot | None:
-        with session_scope(self._factory) as session:
+        with session_scope(self._factory, read_only=True) as session:
             return apply_changes(session, base, subjects, revision)
 
     async def __call__(
@@ -142,7 +142,7 @@ def make_snapshot_loader(engine: Engine) -> Callable[[], RoutingSnapshot]:
     factory = make_session_factory(engine)
 
     def load() -> RoutingSnapshot:
-        with session_scope(factory) as session:
+        with session_scope(factory, read_only=True) as session:
             return load_snapshot(session)
 
     return load

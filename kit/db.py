@@ -2,10 +2,12 @@
 
 - ``make_engine(url, timeout_s=...)``: PostgreSQL via psycopg 3 (with ``timeout_s``, no operation
   waits longer, even on a hung server: ``kit.pgconn``), or SQLite made to behave (WAL,
-  ``foreign_keys=ON``, busy timeout, ``BEGIN IMMEDIATE`` for every transaction so two writers
-  serialise instead of failing on lock upgrade).
-- ``session_scope(factory)``: the one place that commits or rolls back. Services and
-  repositories only ``flush()``.
+  ``foreign_keys=ON``, busy timeout, ``BEGIN IMMEDIATE`` for every transaction that may write, so
+  two writers serialise instead of failing on lock upgrade; a read-only one begins deferred and,
+  WAL being what it is, never waits for a writer).
+- ``session_scope(factory, read_only=...)``: the one place that commits or rolls back. Services
+  and repositories only ``flush()``. ``read_only=True`` is a promise that nothing is written
+  (SQLite: a plain ``BEGIN``; PostgreSQL: no difference).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+_BEGIN = "loraplane_sqlite_begin"  # execution option: the BEGIN a SQLite transaction starts with
+READ_ONLY: dict[str, Any] = {_BEGIN: "BEGIN"}
 
 
 def normalize_url(url: str) -> str:
@@ -76,7 +81,9 @@ def _make_sqlite_behave(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # a writer takes the write lock at once (serialised by busy_timeout); a reader reads
+        # its WAL snapshot and waits for nobody
+        conn.exec_driver_sql(conn.get_execution_options().get(_BEGIN, "BEGIN IMMEDIATE"))
 
 
 def is_sqlite(engine: Engine) -> bool:
@@ -88,10 +95,13 @@ def make_session_factory(engine: Engine) -> sessionmaker[Session]:
 
 
 @contextmanager
-def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
-    """Commit on success, roll back on any exception. The only place that commits."""
+def session_scope(factory: sessionmaker[Session], *, read_only: bool = False) -> Iterator[Session]:
+    """Commit on success, roll back on any exception. The only place that commits.
+    ``read_only``: the transaction writes nothing (on SQLite it does not queue behind writers)."""
     session = factory()
     try:
+        if read_only:
+            session.connection(execution_options=READ_ONLY)
         yield session
         session.commit()
     except BaseException:

@@ -125,7 +125,7 @@ def read_revision(session_factory: sessionmaker[Session]) -> int:
             return int(row[0]) if row else 0
         finally:
             raw.close()
-    with session_scope(session_factory) as session:
+    with session_scope(session_factory, read_only=True) as session:
         return current_revision(session)
 
 

@@ -170,7 +170,7 @@ def start_orphan_sweeper(st: AdminState) -> OrphanSweeper | None:
         return None
 
     def referenced(uris: list[str]) -> set[str]:
-        with session_scope(st.factory) as session:
+        with session_scope(st.factory, read_only=True) as session:
             return artifacts_repo.referenced_storage_uris(session, uris)
 
     return OrphanSweeper(

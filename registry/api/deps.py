@@ -59,5 +59,6 @@ def dry(st: AdminState, fn: Callable[[Session], T]) -> T:
 
 
 def read(st: AdminState, fn: Callable[[Session], T]) -> T:
-    with session_scope(st.factory) as session:
+    """``fn`` in a read-only transaction (on SQLite it does not queue behind a writer)."""
+    with session_scope(st.factory, read_only=True) as session:
         return fn(session)

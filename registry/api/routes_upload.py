@@ -71,7 +71,7 @@ _UPLOAD_DOC: dict[str, Any] = {
 
 
 def _lookup(st: AdminState, adapter_id: str) -> BaseModelRecord:
-    with session_scope(st.factory) as session:
+    with session_scope(st.factory, read_only=True) as session:
         adapter = adapter_svc.get_adapter(session, adapter_id)
         return base_svc.get_base_model(session, adapter.base_model)
 

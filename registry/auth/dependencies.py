@@ -111,7 +111,7 @@ class Requirement:
         return principal
 
     def _check_in_db(self, cfg: AuthConfig, token: str, path: dict[str, str], body: Any) -> Principal:
-        with session_scope(cfg.factory) as session:
+        with session_scope(cfg.factory, read_only=True) as session:
             principal = authenticate(session, token)
             if principal is None:
                 raise Unauthorized("invalid admin token")

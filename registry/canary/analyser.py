@@ -174,7 +174,7 @@ class CanaryAnalyser:
             log.exception("canary analysis of %s %s failed", w.adapter_id, w.canary_version)
 
     def _read(self, fn: Callable[[Session], Any]) -> Any:
-        with session_scope(self.factory) as s:
+        with session_scope(self.factory, read_only=True) as s:
             return fn(s)
 
     def _drop(self, key: WatchKey) -> None:

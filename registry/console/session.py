@@ -9,10 +9,11 @@ form carries the CSRF token in a hidden ``csrf`` field and every POST compares i
 time) with the session's. The sign-in form itself is protected by a double-submit cookie
 (``lp_console_pre``).
 
-The secret is ``LORAPLANE_CONSOLE_SECRET`` when set (share it between admin API processes);
-otherwise it is derived from the admin token (so processes sharing the token accept each
-other's sessions and rotating the token signs everyone out), or random per process when there
-is neither.
+The signing key is derived from ``LORAPLANE_CONSOLE_SECRET`` (share it between admin API
+processes) *and* the admin token, from whichever of the two is set, or random per process when
+there is neither. The admin token is in the key whenever there is one, so processes that share
+it (and the console secret) accept each other's sessions, and rotating it signs everyone out,
+console secret or not: an old cookie's signature no longer verifies, on every request.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def _unb64(text: str) -> bytes:
 
 
 def console_secret(explicit: str | None, admin_token: str | None) -> bytes:
+    """The session signing key (module doc): bound to the admin token whenever there is one."""
+    if explicit and admin_token:
+        bound = b"loraplane-console-session-v2|" + hashlib.sha256(admin_token.encode()).digest()
+        return hmac.new(explicit.encode(), bound, hashlib.sha256).digest()
     if explicit:
         return explicit.encode()
     if admin_token:

@@ -10,8 +10,8 @@ from kit.settings import LoraplaneSettings
 class ConsoleSettings(LoraplaneSettings):
     console_secret: SecretStr | None = Field(
         default=None,
-        description="Signs console session cookies; share it between admin API processes "
-        "(default: derived from the admin token, so rotating the token signs everyone out).",
+        description="Signs console session cookies, together with the admin token when there is "
+        "one (rotating the token signs everyone out); share it between admin API processes.",
     )
     console_secure_cookies: bool = Field(
         default=False,

@@ -90,8 +90,8 @@ class Viewer:
 
 def _current(st: AdminState, sess: ConsoleSession) -> Principal | None:
     """The session's principal as it is now: None when it is gone or its token was revoked."""
-    if sess.principal == BOOTSTRAP_ID:
-        return BOOTSTRAP  # the cookie is signed with a secret derived from the bootstrap token
+    if sess.principal == BOOTSTRAP_ID:  # the cookie's key holds the bootstrap token (session.py)
+        return BOOTSTRAP if st.admin_token else None
     try:
         rec = read(st, lambda s: principal_svc.describe_principal(s, sess.principal))
     except NotFound:
