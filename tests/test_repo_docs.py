@@ -78,3 +78,22 @@ def test_settings_reference_matches_the_settings_classes() -> None:
     for cls in (RegistrySettings, RouterSettings, GatewaySettings):
         for name in cls.model_fields:
             assert f"`LORAPLANE_{name.upper()}`" in text
+
+
+def test_the_architecture_picture_is_what_its_script_draws() -> None:
+    """docs/architecture.svg is drawn by docs/architecture.py (standard library only): the
+    committed picture must be exactly what the script makes, and the README shows it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("architecture", ROOT / "docs" / "architecture.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    svg = module.render()
+    assert (ROOT / "docs" / "architecture.svg").read_text() == svg, "run: python docs/architecture.py"
+    assert svg.startswith("<svg ") and "Registry (admin API, :8081)" in svg and "Replica" in svg
+    assert "](docs/architecture.svg)" in (ROOT / "README.md").read_text()

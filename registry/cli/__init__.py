@@ -3,7 +3,7 @@
 - ``db_app``          → ``loraplane db upgrade|current``
 - ``adapters_app``    → ``loraplane adapters create|update|push|register|import|list|show|versions|
   promote|gate|rollback|disable|enable|disable-version|prewarm|replicas|audit|limits|
-  regression-set|quality-policy|eval|eval-show|evals|canary-policy``
+  regression-set|quality-policy|eval|eval-show|evals|canary-policy|example``
 - ``tenants_app``     → ``loraplane tenants create|list|show|key|revoke|grant|ungrant|limits``
 - ``base_models_app`` → ``loraplane base-models add|list|show``
 - ``owners_app``      → ``loraplane owners limits|show``
@@ -23,6 +23,7 @@ from registry.cli.bulk import bulk_app
 from registry.cli.canary import canary_policy  # noqa: F401  (registers `adapters canary-policy`)
 from registry.cli.context_cmds import contexts_app
 from registry.cli.db import db_app
+from registry.cli.example import example  # noqa: F401  (registers `adapters example`)
 from registry.cli.governance import login, principals_app, promotions_app, whoami  # also `adapters approvals`
 from registry.cli.hf_import import import_version  # noqa: F401  (registers `adapters import`)
 from registry.cli.limits import owners_app  # also registers `adapters limits`

@@ -72,7 +72,7 @@ def test_a_pipe_and_wide_show_every_value_whole(api: None) -> None:
         lines = _lines(res.stdout)
         assert len(lines) == 2 + len(IDS)  # title, header, one line per adapter
         assert "created" in lines[1] and "2026-11-29 08:00:00Z" in lines[2]
-        assert ADAPTERS[0]["description"].strip() in lines[2] and "…" not in res.stdout
+        assert str(ADAPTERS[0]["description"]).strip() in lines[2] and "…" not in res.stdout
 
 
 def test_json_is_unchanged(api: None) -> None:

@@ -60,10 +60,11 @@ class Platform:
         env.update(extra)
         return env
 
-    def cli(self, *args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    def cli(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        """``loraplane ARGS`` in a new process, from another directory than up's."""
         return subprocess.run(
             [sys.executable, "-m", "loraplane.cli", *args],
-            cwd=cwd or self.elsewhere, env=self.env(**env), capture_output=True, text=True, timeout=180,
+            cwd=self.elsewhere, env=self.env(**env), capture_output=True, text=True, timeout=180,
         )  # fmt: skip
 
     def ok(self, *args: str, **env: str) -> str:
