@@ -31,7 +31,6 @@ from router.contract import (
     ForwardRequest,
     ForwardResult,
     NoCapacity,
-    RouterError,
 )
 from router.controller import PlanController
 from router.directory import DirectoryPublisher, LocalReplicaDirectory
@@ -42,7 +41,7 @@ from router.loader import Loader
 from router.metrics import router_metrics
 from router.placement.types import Profile
 from router.planner import Planner
-from router.prewarm import Prewarmer
+from router.prewarm import PendingPrewarms, Prewarmer
 from router.reconciler import Reconciler
 from router.requests import RequestLoop
 from router.sender import Sender
@@ -108,6 +107,7 @@ class Router:
         self._events = RouterAudit(audit, registry)
         self._fallback = Fallback(self.metrics, self._events, lambda: self.snapshot, clock=clock)
         self._requests: RequestLoop | None = None
+        self._pending = PendingPrewarms()  # prewarms waiting for their version's snapshot
         self._tasks: list[asyncio.Task[None]] = []
         self._bg: set[asyncio.Task[Any]] = set()
 
@@ -275,10 +275,14 @@ class Router:
         return [] if self._store is None else [self._store.record(r) for r in self._store.replicas.values()]
 
     def update_snapshot(self, snapshot: RoutingSnapshot) -> None:
-        """Called on every registry revision; the reconciler acts on it within moments."""
+        """Called on every registry revision; the reconciler acts on it within moments, and the
+        prewarms that waited for a version of it start."""
         self.snapshot = snapshot
         if self._reconciler is not None:
             self._reconciler.kick()
+        if self._pending and self._requests is not None:
+            for info, n in self._pending.take_ready(snapshot, self._clock()):
+                self._spawn(self.prewarmer.prewarm(info, n, exclude=frozenset(), strict_hot=False))
 
     def _on_poll(self, rep: ReplicaState, models: ModelsInfo | None) -> None:
         if models is None or not rep.driver.capabilities.lists_adapters:
@@ -311,10 +315,17 @@ class Router:
         return adapter.versions.get(version) if adapter else None
 
     async def request_prewarm(self, adapter_id: str, version: str, replicas: int) -> dict[str, Any]:
-        """Start loading ``adapter_id``/``version`` onto ``replicas`` healthy replicas (in the background)."""
+        """Start loading ``adapter_id``/``version`` onto ``replicas`` healthy replicas (in the
+        background); a version not in the routing snapshot yet is prewarmed once it is there
+        (``pending``: the registry wrote it a moment ago, router.prewarm.PendingPrewarms)."""
         info = self.find_version(adapter_id, version)
         if info is None:
-            raise RouterError(f"unknown version {adapter_id} {version}", retry_after=None)
+            self._pending.add(adapter_id, version, replicas, self._clock())
+            log.info(
+                "prewarm waits for the version to reach the routing table",
+                extra={"adapter": adapter_id, "version": version, "replicas": replicas},
+            )
+            return {"adapter_id": adapter_id, "version": version, "replicas": replicas, "pending": True}
         targets = await self.prewarmer.prewarm(info, replicas, exclude=frozenset(), strict_hot=False)
         return {
             "adapter_id": adapter_id,
