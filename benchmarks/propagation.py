@@ -122,8 +122,12 @@ def ms(x: float | None) -> float | None:
     return None if x is None else round(x * 1000, 2)
 
 
+# each gateway's URL → its internal port's (SPEC §19: the routing table's whole status is there)
+INTERNAL_URLS: dict[str, str] = {}
+
+
 async def table_status(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
-    async with session.get(f"{url}/readyz") as r:
+    async with session.get(f"{INTERNAL_URLS.get(url, url)}/readyz") as r:
         body = await r.json()
     table = body.get("routing_table") or {}
     return table if isinstance(table, dict) else {}
@@ -281,11 +285,16 @@ def start_gateways(
 ) -> tuple[list[ManagedProcess], list[str]]:
     procs, urls = [], []
     for i in range(n):
-        port = ls.free_port()
+        port, internal = ls.free_port(), ls.free_port()
+        INTERNAL_URLS[f"http://127.0.0.1:{port}"] = f"http://127.0.0.1:{internal}"
         procs.append(
             ManagedProcess(
                 [*CLI, "serve", "--role", "gateway"],
-                env={**env, "LORAPLANE_GATEWAY_PORT": str(port)},
+                env={
+                    **env,
+                    "LORAPLANE_GATEWAY_PORT": str(port),
+                    "LORAPLANE_GATEWAY_INTERNAL_PORT": str(internal),
+                },
                 cwd=server_root,
                 log_path=work / f"gateway-{i}.log",
                 name=f"gateway-{i}",

@@ -15,7 +15,7 @@ the engine's own ``add_lora`` cost (``load_fixed_s + bytes / load_bytes_per_s``,
 engine loop, delaying its next step). A request that gets no replica (``Decision.replica`` None)
 is retried every 100 ms, as a client would after a 503.
 
-``Resident.requests`` is filled as the runtime fills it: requests routed to the adapter so far,
+``Residency.requests`` is filled as the runtime fills it: requests routed to the adapter so far,
 all replicas together, read when a replica's view is rebuilt.
 """
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.traces import TraceRequest
-from router.placement import PlacementRequest, ReplicaView, Resident
+from router.placement import PlacementRequest, ReplicaView, Residency
 from router.placement.types import Profile
 from simulator.engine import EngineModel, TimingParams
 
@@ -127,7 +127,7 @@ def replay(
     last_finish = 0.0
     loads = replications = evictions = 0
     outcomes: dict[str, int] = defaultdict(int)
-    asked: dict[str, int] = defaultdict(int)  # requests per adapter so far (Resident.requests)
+    asked: dict[str, int] = defaultdict(int)  # requests per adapter so far (Residency.requests)
     heap: list[tuple[float, int, str, Any]] = []
     seq = 0
 
@@ -147,14 +147,14 @@ def replay(
                 max_loras=cfg.max_loras,
                 max_adapters=cfg.max_adapters,
                 residents={
-                    name: Resident(
-                        name,
-                        name,
-                        rec.state,  # type: ignore[arg-type]
-                        rec.last_used,
-                        rec.inflight,
-                        cfg.adapter_bytes,
-                        asked[name],
+                    name: Residency(
+                        lora_name=name,
+                        state=rec.state,  # type: ignore[arg-type]
+                        adapter_id=name,
+                        last_used=rec.last_used,
+                        inflight=rec.inflight,
+                        size_bytes=cfg.adapter_bytes,
+                        requests=asked[name],
                     )
                     for name, rec in rep.residents.items()
                 },

@@ -209,7 +209,7 @@ def dir_bytes(path: Path) -> int:
 class Sampler:
     procs: dict[str, int]  # name → session leader pid
     ports: dict[int, str]  # the platform's listening ports → server name (to tell sockets apart)
-    gateway_urls: list[str]
+    gateway_urls: list[str]  # their internal ports (/metrics, SPEC §19)
     staging: Path
     samples: list[dict[str, Any]] = field(default_factory=list)
     t0: float = field(default_factory=time.monotonic)
@@ -830,7 +830,7 @@ def main() -> None:
             names["s3 (weed)"] = s3.process.pid
             procs = {k: v for k, v in names.items() if v is not None}
             sim_logs = {f"simulator-{i}": sim.log_path for i, sim in enumerate(p.sims, 1)}
-            sampler = Sampler(procs, server_ports(p, s3, redis_url), p.gateway_urls, p.workdir / "staging")
+            sampler = Sampler(procs, server_ports(p, s3, redis_url), p.internal_urls, p.workdir / "staging")
             traffic = Traffic(
                 p.gateway_urls, keys, grants, args.max_tokens, args.stream_fraction, args.request_timeout_s
             )
@@ -838,7 +838,7 @@ def main() -> None:
             sampler.take("before warm-up")
             t_run = time.monotonic()
             run = uvloop.run(drive(args, p, traffic, sampler, churn))
-            metrics = {f"gateway-{i}": metric_sums(u) for i, u in enumerate(p.gateway_urls, 1)}
+            metrics = {f"gateway-{i}": metric_sums(u) for i, u in enumerate(p.internal_urls, 1)}
             since = time.strftime(
                 "%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - (time.monotonic() - t_run) - 5)
             )

@@ -5,7 +5,9 @@ auth → parse → resolve model → admit (rate limits) → ``router.forward`` 
 passed through chunk by chunk) → settle limits, metrics, one JSON log line.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-``GET /healthz``, ``GET /readyz``, ``GET /metrics``, ``GET /openapi.json`` (``gateway.openapi``).
+``GET /healthz``, ``GET /readyz`` (reason codes only: ``gateway.readiness``), ``GET /openapi.json``
+(``gateway.openapi``). ``/metrics`` and the detailed ``/readyz`` are on the internal port
+(``gateway.internal``); with ``local=True`` (``loraplane up``, loopback) this app serves them too.
 Every answer carries ``x-request-id``
 (the client's, echoed, when it is sane); adapter answers carry ``x-loraplane-adapter-version``;
 the completion endpoints carry the ``x-ratelimit-*`` headers for an authenticated tenant.
@@ -14,6 +16,7 @@ the completion endpoints carry the ``x-ratelimit-*`` headers for an authenticate
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -22,7 +25,9 @@ from typing import Any
 import orjson
 
 from gateway.asgi import Receive, Scope, Send, header_map, read_body, send_bytes, stream_out
+from gateway.coalesce import DISCONNECT_HOOK, GONE
 from gateway.errors import GatewayError, error_body
+from gateway.internal import InternalApp
 from gateway.openapi import OPENAPI_JSON
 from gateway.parse import Endpoint, estimate_tokens, parse_request
 from gateway.ratelimit import (
@@ -34,6 +39,7 @@ from gateway.ratelimit import (
     rejection_message,
     retry_after,
 )
+from gateway.readiness import public_body, readiness
 from gateway.resolve import Resolution, resolve
 from gateway.service import Gateway
 from kit.ids import new_id
@@ -49,6 +55,7 @@ _COMPLETIONS: dict[str, Endpoint] = {
 }
 _SSE = b"text/event-stream; charset=utf-8"
 _SSE_END = b"data: [DONE]\n\n"  # a stream's last event (after an error event too)
+_NO_HOOK = object()  # the ASGI server has no disconnect hook in its scopes
 
 
 def _request_id(headers: dict[bytes, bytes]) -> bytes:
@@ -83,16 +90,24 @@ class _Ctx:
     completion_tokens: int | None = None
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     canary: bool = False  # the adapter had a canary: the outcome feeds canary analysis (SPEC §16)
-    other_version: bool = False  # a load-failure fallback answered (SPEC §15)
+    # what answered (SPEC §15): ``version`` unless a load-failure fallback served another one or
+    # the base model (``base``); "" while nothing answered. ``fallback``: that fallback's kind.
+    served_version: str = ""
+    fallback: str = ""
     answer: bytes | None = None  # the non-streamed body, kept only while ``canary`` (format checks)
 
 
 class GatewayApp:
-    """ASGI callable. ``manage_lifecycle`` starts/stops the gateway on ASGI lifespan events."""
+    """ASGI callable. ``manage_lifecycle`` starts/stops the gateway on ASGI lifespan events;
+    ``local`` also answers the internal port's routes (``/metrics``, the detailed ``/readyz``)."""
 
-    def __init__(self, gateway: Gateway, *, manage_lifecycle: bool = True) -> None:
+    def __init__(self, gateway: Gateway, *, manage_lifecycle: bool = True, local: bool = False) -> None:
         self.gw = gateway
         self.manage_lifecycle = manage_lifecycle
+        self.internal = InternalApp(gateway) if local else None
+        self._get_routes = ("/v1/models", "/healthz", "/readyz", "/openapi.json") + (
+            ("/metrics",) if local else ()
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -140,11 +155,11 @@ class GatewayApp:
                 )
             gw.active += 1
             try:
-                return await self.completion(endpoint, receive, send, headers)
+                return await self.completion(endpoint, scope, receive, send, headers)
             finally:
                 gw.active -= 1
         if method not in ("GET", "HEAD"):
-            if path in ("/v1/models", "/healthz", "/readyz", "/metrics", "/openapi.json"):
+            if path in self._get_routes:
                 return await self._plain_error(
                     send, headers, GatewayError(405, "method_not_allowed", "use GET")
                 )
@@ -153,13 +168,10 @@ class GatewayApp:
             return await self.models(send, headers)
         if path == "/healthz":
             return await send_bytes(send, 200, b'{"status":"ok"}', [(b"x-request-id", _request_id(headers))])
+        if self.internal is not None and path in ("/readyz", "/metrics"):
+            return await self.internal.route(path, send, [(b"x-request-id", _request_id(headers))])
         if path == "/readyz":
             return await self.readyz(send, headers)
-        if path == "/metrics":
-            return await send_bytes(
-                send, 200, self.gw.metrics.render(), [(b"x-request-id", _request_id(headers))],
-                b"text/plain; version=0.0.4; charset=utf-8",
-            )  # fmt: skip
         if path == "/openapi.json":
             return await send_bytes(send, 200, OPENAPI_JSON, [(b"x-request-id", _request_id(headers))])
         return await self._plain_error(send, headers, GatewayError(404, "not_found", f"no route {path}"))
@@ -173,7 +185,7 @@ class GatewayApp:
     # ------------------------------------------------------------------ completions
 
     async def completion(
-        self, endpoint: Endpoint, receive: Receive, send: Send, headers: dict[bytes, bytes]
+        self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes]
     ) -> None:
         gw = self.gw
         ctx = _Ctx(_request_id(headers), endpoint, time.perf_counter())
@@ -214,7 +226,7 @@ class GatewayApp:
                 want_usage=True,
                 pinned=res.pinned,
             )
-            result = await self._forward(fwd, res, tenant, receive)
+            result = await self._forward(fwd, res, tenant, scope, receive)
         except GatewayError as e:
             if lease is not None:
                 await self._settle(lease, 0)
@@ -224,13 +236,15 @@ class GatewayApp:
                 await asyncio.shield(self._settle(lease, 0))
             raise
         ctx.replica, ctx.cold_load, ctx.queue_s = result.replica, result.cold_load, result.queue_s
-        ctx.other_version = result.fallback is not None
         out_headers = [(b"x-request-id", ctx.request_id), *ctx.headers]
         if result.fallback is not None and result.served_version is not None:  # SPEC §15
+            ctx.fallback, ctx.served_version = result.fallback, result.served_version
             out_headers.append((b"x-loraplane-fallback", result.fallback.encode()))
             out_headers.append((b"x-loraplane-adapter-version", result.served_version.encode()))
-        elif res.version is not None:
-            out_headers.append((b"x-loraplane-adapter-version", res.version.version.encode()))
+        else:
+            ctx.served_version = ctx.version
+            if res.version is not None:
+                out_headers.append((b"x-loraplane-adapter-version", res.version.version.encode()))
         if result.status >= 400:
             return await self._upstream_error(send, ctx, result, lease, out_headers)
         if result.stream is not None and req.stream:
@@ -313,7 +327,7 @@ class GatewayApp:
         return adm.lease
 
     async def _forward(
-        self, fwd: ForwardRequest, res: Resolution, tenant: TenantInfo, receive: Receive
+        self, fwd: ForwardRequest, res: Resolution, tenant: TenantInfo, scope: Scope, receive: Receive
     ) -> ForwardResult:
         gw = self.gw
         # asyncio.timeout(request_timeout_s) without its context-manager object: one loop timer
@@ -322,21 +336,26 @@ class GatewayApp:
         assert task is not None
         cancelling = task.cancelling()
         expired: list[bool] = []
-        timer = asyncio.get_running_loop().call_later(gw.settings.request_timeout_s, _expire, task, expired)
-        gone: list[bool] = []  # the client disconnected while waiting for a cold load
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(gw.settings.request_timeout_s, _expire, task, expired)
+        # A client that goes away before the answer starts (cold or warm, streamed or not) cancels
+        # the router's work at once: the replica sees the connection close and stops generating,
+        # a cold-waiter place (SPEC §15) and the concurrency slot are freed, the log says 499.
+        # Our uvicorn protocol calls a hook in the scope (no task per request); under another
+        # ASGI server a task waits for ``http.disconnect``.
+        gone: list[bool] = []
+        watcher: asyncio.Task[None] | None = None
+        hook = scope.get(DISCONNECT_HOOK, _NO_HOOK)
+        if hook is None:
+            scope[DISCONNECT_HOOK] = functools.partial(_disconnected, task, gone)
+        elif hook is _NO_HOOK:
+            watcher = loop.create_task(_cancel_on_disconnect(receive, task, gone))
+        else:  # GONE: the connection dropped while the request was being admitted
+            timer.cancel()
+            raise GatewayError(499, "client_disconnected", "The client went away.")
         try:
-            with gw.cold.enter(res.version, tenant) as cold:
-                # a client that gives up frees its cold-waiter place at once (SPEC §15)
-                watcher = (
-                    asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, task, gone))
-                    if cold
-                    else None
-                )
-                try:
-                    result = await gw.router.forward(fwd)
-                finally:
-                    if watcher is not None:
-                        watcher.cancel()
+            with gw.cold.enter(res.version, tenant):
+                result = await gw.router.forward(fwd)
         except RouterError as e:
             raise GatewayError(e.status, e.code, e.message, retry_after=e.retry_after) from None
         except TimeoutError:
@@ -349,6 +368,10 @@ class GatewayApp:
             raise
         finally:
             timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            elif scope[DISCONNECT_HOOK] is not GONE:
+                scope[DISCONNECT_HOOK] = None
         if result.cold_load and res.version is not None:
             gw.metrics.cold_wait.labels(res.version.adapter_id, res.version.version).observe(result.queue_s)
         return result
@@ -477,7 +500,7 @@ class GatewayApp:
         now = time.perf_counter()
         latency = now - ctx.t0
         tenant = m.tenant(ctx.tenant)
-        m.count(tenant, ctx.adapter, ctx.version, ctx.endpoint, ctx.status, ctx.error)
+        m.count(tenant, ctx.adapter, ctx.version, ctx.endpoint, ctx.status, ctx.error, ctx.served_version)
         if not ctx.error and ctx.status < 400:
             s = m.series(tenant, ctx.adapter, ctx.version)
             s.latency.observe(latency)
@@ -497,7 +520,7 @@ class GatewayApp:
                 ctx.version,
                 ctx.status,
                 first_byte,
-                other_version=ctx.other_version,
+                other_version=bool(ctx.fallback),
                 answer=ctx.answer,
             )
         if log.isEnabledFor(logging.INFO):
@@ -512,6 +535,8 @@ class GatewayApp:
                     "model": ctx.model or None,
                     "adapter": ctx.adapter or None,
                     "version": ctx.version or None,
+                    "served_version": ctx.served_version or None,
+                    "fallback": ctx.fallback or None,
                     "replica": ctx.replica or None,
                     "status": ctx.status,
                     "error": ctx.error or None,
@@ -538,43 +563,11 @@ class GatewayApp:
         await send_bytes(send, 200, orjson.dumps(list_models(snap, tenant)), [(b"x-request-id", rid)])
 
     async def readyz(self, send: Send, headers: dict[bytes, bytes]) -> None:
-        """SPEC §17: not ready only when this gateway cannot serve at all — no routing table
-        yet, draining, or the rate-limit store down in ``closed`` mode. With no healthy
-        replica it stays ready (requests get the designed 503 ``no_capacity``), so a load
-        balancer does not drop every gateway at once."""
-        gw = self.gw
-        table = gw.table.status()
-        limiter_ok = await gw.limiter.healthy()
-        gw.limiter_failed(not limiter_ok)
-        mode = gw.settings.ratelimit_on_error
-        healthy = gw.healthy_replicas()
-        ready = table["loaded"] and not gw.draining and (limiter_ok or mode == "open")
-        reasons = []
-        if not table["loaded"]:
-            reasons.append("routing table not loaded")
-        if gw.draining:
-            reasons.append("draining: shutting down")
-        if not limiter_ok:
-            reasons.append(
-                f"rate-limit store unreachable: ratelimit_on_error={mode} "
-                + ("(admitting without limits)" if mode == "open" else "(refusing requests)")
-            )
-        warnings = []
-        if table["stale"]:
-            warnings.append("registry unreachable: serving a stale routing snapshot")
-        if healthy == 0:
-            warnings.append("no healthy replica: requests get 503 no_capacity")
-        body: dict[str, Any] = {
-            "ready": bool(ready),
-            "reasons": reasons,
-            "warnings": warnings,
-            "draining": gw.draining,
-            "routing_table": table,
-            "replicas_healthy": healthy,
-            "ratelimit": {"backend": gw.limiter.name, "healthy": limiter_ok, "on_error": mode},
-        }
+        """SPEC §17/§19: ready unless this gateway cannot serve at all; reason codes only (the
+        messages, the routing table's last error and the backend are on the internal port)."""
+        r = await readiness(self.gw)
         await send_bytes(
-            send, 200 if ready else 503, orjson.dumps(body), [(b"x-request-id", _request_id(headers))]
+            send, r.status, orjson.dumps(public_body(r)), [(b"x-request-id", _request_id(headers))]
         )
 
 
@@ -611,6 +604,12 @@ def _expire(task: asyncio.Task[Any], expired: list[bool]) -> None:
     task.cancel()
 
 
+def _disconnected(task: asyncio.Task[Any], gone: list[bool]) -> None:
+    """The server's disconnect hook (``gateway.coalesce.DISCONNECT_HOOK``) while a request waits."""
+    gone.append(True)
+    task.cancel()
+
+
 async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any], gone: list[bool]) -> None:
     """Cancel ``task`` when the client disconnects (the request body was read already)."""
     try:
@@ -630,6 +629,9 @@ def _content_type(result: ForwardResult) -> bytes:
     return b"application/json"
 
 
-def create_gateway_app(gateway: Gateway, *, manage_lifecycle: bool = True) -> GatewayApp:
-    """The ASGI app serving ``gateway`` (lifespan events start/stop it when ``manage_lifecycle``)."""
-    return GatewayApp(gateway, manage_lifecycle=manage_lifecycle)
+def create_gateway_app(gateway: Gateway, *, manage_lifecycle: bool = True, local: bool = False) -> GatewayApp:
+    """The public ASGI app serving ``gateway`` (lifespan events start/stop it when
+    ``manage_lifecycle``). ``local``: also ``/metrics`` and the detailed ``/readyz`` on this port
+    (``loraplane up`` on loopback, SPEC §19); production serves them on the internal port
+    (:func:`gateway.internal.create_internal_app`)."""
+    return GatewayApp(gateway, manage_lifecycle=manage_lifecycle, local=local)

@@ -80,9 +80,33 @@ class CoalescingTransport:
         return self._transport.get_write_buffer_size() + (len(self._held) if self._held else 0)
 
 
+#: Scope key of the disconnect hook (:class:`CoalescingHttpToolsProtocol`): present (None) when the
+#: server calls ``scope[DISCONNECT_HOOK]()`` if the client's connection drops before the answer is
+#: complete; the app puts a callable there while it wants to hear of it. Once the connection has
+#: dropped, the key holds :data:`GONE` (a later callable would never be called).
+DISCONNECT_HOOK = "loraplane.on_disconnect"
+GONE = "gone"
+
+
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol writing through a :class:`CoalescingTransport`."""
+    """uvicorn's httptools protocol writing through a :class:`CoalescingTransport`, with a
+    disconnect hook in each request's scope (:data:`DISCONNECT_HOOK`): the gateway hears of a
+    client gone without a task per request waiting on ``receive()`` for ``http.disconnect``."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # flow control and addresses keep the real transport
         self.transport = CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope[DISCONNECT_HOOK] = None  # type: ignore[literal-required]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cycle = self.cycle
+        super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:  # the answer was not complete
+            scope: Any = cycle.scope
+            hook = scope.get(DISCONNECT_HOOK)
+            scope[DISCONNECT_HOOK] = GONE
+            if callable(hook):
+                hook()

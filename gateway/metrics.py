@@ -63,8 +63,11 @@ class GatewayMetrics:
         r = self.registry
         lbl = ["tenant", "adapter", "version"]
         self.requests = Counter(
-            "loraplane_gateway_requests", "Completion requests answered, by status code.",
-            [*lbl, "endpoint", "code"], registry=r,
+            "loraplane_gateway_requests",
+            "Completion requests answered, by status code; `version` is the version asked for, "
+            "`served_version` the one that answered (another one, or `base`, after a load-failure "
+            "fallback; empty when nothing answered).",
+            [*lbl, "served_version", "endpoint", "code"], registry=r,
         )  # fmt: skip
         self.errors = Counter(
             "loraplane_gateway_errors", "Error answers, by error code.", [*lbl, "error"], registry=r
@@ -112,7 +115,7 @@ class GatewayMetrics:
             self.snapshot_age.set_function(snapshot_age)
 
         self._series: dict[tuple[str, str, str], Series] = {}
-        self._counts: dict[tuple[str, str, str, str, int, str], _Count] = {}
+        self._counts: dict[tuple[str, str, str, str, str, int, str], _Count] = {}
 
     def series(self, tenant: str, adapter: str, version: str) -> Series:
         key = (tenant, adapter, version)
@@ -131,14 +134,20 @@ class GatewayMetrics:
             self._series[key] = s
         return s
 
-    def count(self, tenant: str, adapter: str, version: str, endpoint: str, status: int, error: str) -> None:
-        """One answer: requests{code} (+ errors{error})."""
-        key = (tenant, adapter, version, endpoint, status, error)
+    def count(
+        self, tenant: str, adapter: str, version: str, endpoint: str, status: int, error: str,
+        served: str | None = None,
+    ) -> None:  # fmt: skip
+        """One answer: requests{served_version, code} (+ errors{error}); ``served`` is the version
+        that answered (default: ``version``; "" when nothing did)."""
+        if served is None:
+            served = version
+        key = (tenant, adapter, version, served, endpoint, status, error)
         c = self._counts.get(key)
         if c is not None:
             c.used = True
         else:
-            req = self.requests.labels(tenant, adapter, version, endpoint, str(status))
+            req = self.requests.labels(tenant, adapter, version, served, endpoint, str(status))
             err = self.errors.labels(tenant, adapter, version, error) if error else None
             c = self._counts[key] = _Count(req, err)
         c.req.inc()
@@ -168,8 +177,8 @@ class GatewayMetrics:
         gone = 0
         for ck in [k for k in self._counts if (k[1], k[2]) in versions]:
             c = self._counts.pop(ck)
-            tenant, adapter, version, endpoint, status, error = ck
-            self.requests.remove(tenant, adapter, version, endpoint, str(status))
+            tenant, adapter, version, served, endpoint, status, error = ck
+            self.requests.remove(tenant, adapter, version, served, endpoint, str(status))
             if c.err is not None:
                 self.errors.remove(tenant, adapter, version, error)
             gone += 1

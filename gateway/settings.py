@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kit.settings import LoraplaneSettings
 
@@ -14,6 +14,21 @@ class GatewaySettings(LoraplaneSettings):
 
     gateway_host: str = Field(default="127.0.0.1", description="Bind address of the public API.")
     gateway_port: int = Field(default=8080, description="Port of the public API.")
+    gateway_internal_host: str = Field(
+        default="127.0.0.1",
+        description="Bind address of the internal port (`/metrics`, the detailed `/readyz`); keep it "
+        "off the public path (containers bind 0.0.0.0 and a NetworkPolicy admits only Prometheus).",
+    )
+    gateway_internal_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Port of `loraplane serve`'s internal listener: `/metrics` (per tenant, adapter and "
+        "version), `/readyz` with messages and the routing table's status, `/healthz`. The public port "
+        "serves `/v1/*`, `/healthz`, `/openapi.json` and a `/readyz` with reason codes only. Unset: no "
+        "metrics are served (a warning at start); the image sets 9464. `loraplane up` (loopback) serves "
+        "`/metrics` on its gateway port instead.",
+    )
     ratelimit_on_error: Literal["open", "closed"] = Field(
         default="closed",
         description="When Redis (the shared rate-limit store) is unreachable: `closed` answers 503 "
@@ -85,3 +100,12 @@ class GatewaySettings(LoraplaneSettings):
         "moved for this long (checked every minute); those of a version no longer in the routing table "
         "are removed at the next check either way. 0 = never remove them for idleness.",
     )
+
+    @model_validator(mode="after")
+    def _internal_port_differs(self) -> GatewaySettings:
+        if self.gateway_internal_port == self.gateway_port:
+            raise ValueError(
+                f"gateway_internal_port ({self.gateway_internal_port}) must differ from gateway_port: "
+                "metrics never share the public port"
+            )
+        return self

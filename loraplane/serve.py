@@ -3,7 +3,8 @@
 PostgreSQL (``LORAPLANE_DATABASE_URL``), S3 (``LORAPLANE_S3_*``), Redis (``LORAPLANE_REDIS_URL``)
 and replica pools (``LORAPLANE_POOLS``). Refuses to start on a stale schema ("run `loraplane db
 upgrade`"). Never starts simulators: with no pools configured the gateway says so and stays
-not-ready (``/readyz`` 503).
+not-ready (``/readyz`` 503). The gateway's ``/metrics`` and detailed ``/readyz`` are served on its
+internal port (``LORAPLANE_GATEWAY_INTERNAL_PORT``), never on the public one (SPEC §19).
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from gateway import Gateway, GatewaySettings
+    from gateway.serving import QuietServer
 
 log = logging.getLogger("loraplane.serve")
 
@@ -27,7 +32,7 @@ class Role(StrEnum):
 
 async def run_serve(role: Role) -> None:
     from gateway import GatewaySettings, build_gateway, create_gateway_app
-    from gateway.serving import QuietServer, make_server, serve_all
+    from gateway.serving import make_server, serve_all
     from kit.db import make_engine, make_session_factory
     from kit.errors import Unavailable
     from kit.redis_factory import make_redis
@@ -102,6 +107,7 @@ async def run_serve(role: Role) -> None:
                 log_level=gsettings.log_level,
             )
         )
+        servers += internal_servers(gateway, gsettings)
     if role in (Role.registry, Role.all):
         from registry.api import create_admin_app
 
@@ -156,6 +162,25 @@ async def run_serve(role: Role) -> None:
         if redis is not None:
             await redis.aclose()
         engine.dispose()
+
+
+def internal_servers(gateway: Gateway, settings: GatewaySettings) -> list[QuietServer]:
+    """The gateway's internal port (SPEC §19): /metrics and the detailed /readyz, never on the
+    public port; none (and a warning) when LORAPLANE_GATEWAY_INTERNAL_PORT is unset."""
+    from gateway.internal import create_internal_app
+    from gateway.serving import make_server
+
+    if settings.gateway_internal_port is None:
+        log.warning(
+            "LORAPLANE_GATEWAY_INTERNAL_PORT is not set: /metrics and the detailed /readyz are not "
+            "served (the public port never serves them)"
+        )
+        return []
+    host, port = settings.gateway_internal_host, settings.gateway_internal_port
+    log.info("internal port (/metrics, /readyz details) on %s:%s", host, port)
+    return [
+        make_server(create_internal_app(gateway), host, port, log_level=settings.log_level, lifespan="off")
+    ]
 
 
 def serve(

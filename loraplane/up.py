@@ -238,13 +238,14 @@ def _check_vllm_python(python: str) -> None:
 async def run_up(
     *, data_dir: Path, replicas: int, base_model: str, port: int, admin_port: int, demo: bool,
     host: str = "127.0.0.1", replica_engine: str = "sim", vllm: VllmOptions | None = None,
-    sim_behaviours: str | None = None,
+    sim_behaviours: str | None = None, sim_engine: str = "vllm",
 ) -> None:  # fmt: skip
     import sqlalchemy.engine.url as sa_url
 
     from gateway import GatewaySettings, build_gateway, create_gateway_app
     from gateway.serving import make_server, serve_all, wait_started
     from kit.db import make_engine, make_session_factory, session_scope
+    from loraplane.sim_engines import start_sim_pool
     from registry import migrate
     from registry.api import create_admin_app
     from registry.audit_sink import BufferedAuditSink
@@ -257,7 +258,7 @@ async def run_up(
     from registry.settings import RegistrySettings
     from registry.storage.base import make_store
     from router import PoolConfig, Router, RouterSettings
-    from simulator.procs import SimProcess, start_simulators, stop_all
+    from simulator.procs import SimProcess, stop_all
 
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -293,10 +294,10 @@ async def run_up(
             max_adapters=vllm.max_cpu_loras,
         )  # fmt: skip
     else:
-        print(f"starting {replicas} simulated replica(s) of {base_model} …", flush=True)
+        n = 1 if sim_engine == "ray-serve" else replicas  # a Ray Serve app is one endpoint
+        print(f"starting {n} simulated {sim_engine} replica(s) of {base_model} …", flush=True)
         sim_args = ["--behaviours", sim_behaviours] if sim_behaviours else None
-        sims = await asyncio.to_thread(start_simulators, replicas, model=base_model, extra_args=sim_args)
-        pool = PoolConfig(name="local", base_model=base_model, urls=[p.url for p in sims])
+        sims, pool = await asyncio.to_thread(start_sim_pool, sim_engine, n, base_model, data_dir, sim_args)
     try:
         rsettings = RouterSettings(**common, redis_url=None, pools=[pool])
         gsettings = GatewaySettings(**common, redis_url=None, gateway_host=host, gateway_port=port)
@@ -316,7 +317,7 @@ async def run_up(
         uvicorn_level = "debug" if gsettings.log_level.upper() == "DEBUG" else "warning"
         servers = [
             make_server(admin_app, host, admin_port, log_level=uvicorn_level),
-            make_server(create_gateway_app(gateway), host, port, log_level=uvicorn_level),
+            make_server(create_gateway_app(gateway, local=True), host, port, log_level=uvicorn_level),
         ]
         stop = asyncio.Event()
 
@@ -428,6 +429,12 @@ def up(
         help="Simulated behaviours per adapter for the simulated replicas (see simulator/README.md): "
         "a file path, or a JSON object inline.",
     ),
+    sim_engine: str = typer.Option(
+        "vllm",
+        "--sim-engine",
+        help="Engine the simulated replicas speak: vllm, sglang, ray-serve (one endpoint) or trtllm "
+        "(docs/engines.md).",
+    ),
 ) -> None:
     """Start everything on the embedded defaults: registry, gateway, router and simulated replicas
     (or, with `--engine vllm --model DIR`, real vLLM replicas)."""
@@ -438,6 +445,10 @@ def up(
     opts: VllmOptions | None = None
     if engine not in ("sim", "vllm"):
         raise typer.BadParameter("use 'sim' or 'vllm'", param_hint="--engine")
+    from simulator.flavour_options import SIM_ENGINES
+
+    if sim_engine not in SIM_ENGINES:
+        raise typer.BadParameter(f"use one of {', '.join(SIM_ENGINES)}", param_hint="--sim-engine")
     if engine == "vllm":
         if model is None:
             raise typer.BadParameter(
@@ -492,5 +503,6 @@ def up(
             replica_engine=engine,
             vllm=opts,
             sim_behaviours=sim_behaviours,
+            sim_engine=sim_engine,
         )
     )

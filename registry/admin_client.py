@@ -471,6 +471,14 @@ class AdminClient(GovernanceCalls, QualityCalls):
     def disable_version(self, adapter_id: str, version: str) -> JSON:
         return self.request("POST", f"/adapters/{_q(adapter_id)}/versions/{_q(version)}/disable")
 
+    def enable_version(self, adapter_id: str, version: str) -> JSON:
+        """A disabled version back to ``ready`` (409 ``conflict`` when it is not disabled)."""
+        return self.request("POST", f"/adapters/{_q(adapter_id)}/versions/{_q(version)}/enable")
+
+    def end_canary(self, adapter_id: str) -> JSON:
+        """Clear the canary, keep the active version (200 with the adapter, also when none ran)."""
+        return self.request("DELETE", f"/adapters/{_q(adapter_id)}/canary")
+
     def prewarm(self, adapter_id: str, replicas: int | None = None) -> JSON:
         body = {"replicas": replicas} if replicas is not None else None
         return self.request("POST", f"/adapters/{_q(adapter_id)}/prewarm", json_body=body)

@@ -43,8 +43,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from router.replica import LORA_NAME_RE
 from router.staging import FILE_NAME_RE, _hash_file
-from router.store import LORA_NAME_RE
 
 log = logging.getLogger("loraplane.agent")
 UPLOAD_RE = re.compile(r"^[0-9a-f]{8,64}$")

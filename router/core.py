@@ -25,7 +25,7 @@ from registry.audit_sink import AuditSink
 from registry.replicas import ReplicaDirectory
 from registry.snapshot import RoutingSnapshot, VersionInfo
 from router.audit import RouterAudit
-from router.cluster import ClusterState, MemoryCluster, RedisCluster
+from router.cluster import Board, ClusterState, MemoryBoard, MemoryCluster, RedisBoard, RedisCluster
 from router.contract import (
     AdapterLoadFailed,
     ForwardRequest,
@@ -33,6 +33,7 @@ from router.contract import (
     NoCapacity,
     RouterError,
 )
+from router.controller import PlanController
 from router.directory import DirectoryPublisher, LocalReplicaDirectory
 from router.drivers import EngineDriver, ModelsInfo, make_driver
 from router.fallback import Fallback
@@ -89,6 +90,12 @@ class Router:
                 else MemoryCluster()
             )
         self.cluster = cluster
+        self.board: Board = (
+            RedisBoard(redis, settings.redis_prefix)
+            if redis is not None and isinstance(cluster, RedisCluster)
+            else MemoryBoard()
+        )
+        self.controller: PlanController | None = None
         self.snapshot: RoutingSnapshot | None = None
         self._session: aiohttp.ClientSession | None = None
         self._drivers: dict[str, EngineDriver] = {}
@@ -164,11 +171,27 @@ class Router:
             hot,
             self.prewarmer,
             lambda: self.snapshot,
+            self.board,
             clock=self._clock,
+        )
+        self.controller = PlanController(
+            s,
+            store,
+            planner,
+            loader,
+            unloader,
+            self.board,
+            self.cluster,
+            hot,
+            lambda: self.snapshot,
+            self.metrics,
+            clock=self._clock,
+            wall=time.time,
         )
         await self.cluster.start()
         await store.start()
         self._run(self._reconciler.run(), "reconciler")
+        self._run(self.controller.run(), "placement-controller")
         if self._redis is not None:
             self.shared_view = SharedView(
                 store, self.cluster, busy=loader.busy, clock=self._clock, interval_s=s.cluster_sync_s
@@ -187,6 +210,8 @@ class Router:
     async def stop(self) -> None:
         if self._reconciler is not None:
             self._reconciler.stopped = True
+        if self.controller is not None:
+            self.controller.stopped = True
         await cancel_all([*self._tasks, *self._bg])
         self._tasks.clear()
         if self._loader is not None:

@@ -10,9 +10,10 @@ router's own retry).
 Pinned ``BASE:ADAPTER@vN`` requests never fall back. Every fallback answer says so
 (``ForwardResult.fallback`` and ``served_version``, which the gateway turns into the
 ``x-loraplane-fallback`` and ``x-loraplane-adapter-version`` headers), is counted in
-``loraplane_fallbacks_total{adapter,version,kind}``, and is audited as ``adapter.fallback`` —
-at most one event per adapter, version and kind per ``AUDIT_EVERY_S``, with the count of the
-fallbacks it stands for.
+``loraplane_fallbacks_total{adapter,version,kind,served_version}``, and is audited as
+``adapter.fallback`` — at most one event per adapter, version and kind per ``AUDIT_EVERY_S``,
+with the count of the fallbacks it stands for. The gateway's access log line and
+``loraplane_gateway_requests_total`` carry both the version asked for and ``served_version``.
 """
 
 from __future__ import annotations
@@ -95,7 +96,10 @@ class Fallback:
             result.fallback = kind
             result.served_version = option.version if option is not None else "base"
             self._metrics.fallbacks.labels(
-                adapter=version.adapter_id, version=version.version, kind=kind
+                adapter=version.adapter_id,
+                version=version.version,
+                kind=kind,
+                served_version=result.served_version,
             ).inc()
             await self._note(version, kind, result.served_version, error)
             return result

@@ -2,12 +2,15 @@
 
 Hot = the active version of every enabled adapter *marked* hot in the registry
 (``AdapterInfo.hot``), and, when ``hot_prewarm_rps`` > 0, every serveable version *measured*
-hot (this process's request rate ≥ ``hot_prewarm_rps`` over ``rate_window_s``). Each keeps
-min(``hot_prewarm_replicas``, healthy replicas of its base model) copies.
+hot: its request rate over the last ``rate_window_s``, **counted cluster-wide** (every gateway
+process adds its counts to the cluster's demand board, ``router.cluster.board``), is at least
+``hot_prewarm_rps`` — so with G gateways the threshold stays ``hot_prewarm_rps``, not G times it
+(issue 24.11). Each keeps min(``hot_prewarm_replicas``, healthy replicas of its base model) copies.
 
 ``targets`` (lora_name → copies) goes into every placement request (``hot_targets``), so the
-evictor never drops a hot version below its count while another victim exists; the
-reconciler's hot prewarm (run by one process in the cluster) loads the missing copies.
+evictor never drops a hot version below its count while another victim exists; the placement
+plan (or, with the controller off, the reconciler's hot prewarm; one process in the cluster)
+loads the missing copies.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from registry.snapshot import RoutingSnapshot, VersionInfo
+from router.cluster import Board
 from router.settings import RouterSettings
 from router.store import ReplicaStore
 
@@ -24,23 +28,26 @@ class HotSet:
         self._settings = settings
         self._store = store
         self._clock = clock
-        self._window_start = clock()
-        self.counts: dict[str, int] = {}  # requests per lora_name in the current window
-        self.rates: dict[str, float] = {}  # lora_name → requests/s over the last window
+        self.pending: dict[str, int] = {}  # requests per lora_name not yet added to the board
+        self.rates: dict[str, float] = {}  # lora_name → requests/s over the window, cluster-wide
         self.targets: dict[str, int] = {}  # lora_name → copies kept warm (last refresh)
 
     def note_request(self, lora_name: str) -> None:
-        self.counts[lora_name] = self.counts.get(lora_name, 0) + 1
+        self.pending[lora_name] = self.pending.get(lora_name, 0) + 1
 
-    def measure(self) -> None:
-        """Close the rate window once it is ``rate_window_s`` old."""
-        now = self._clock()
-        elapsed = now - self._window_start
-        if elapsed < self._settings.rate_window_s:
-            return
-        counts, self.counts = self.counts, {}
-        self.rates = {name: n / elapsed for name, n in counts.items()}
-        self._window_start = now
+    def take_pending(self) -> dict[str, int]:
+        """This process's counts since the last call (for the demand board)."""
+        out, self.pending = self.pending, {}
+        return out
+
+    async def measure(self, board: Board, wall: float) -> None:
+        """The cluster-wide rates over the last ``rate_window_s`` (the closed buckets)."""
+        window = max(board.bucket_s, self._settings.rate_window_s)
+        last = board.bucket(wall)
+        first = last - max(1, round(window / board.bucket_s))
+        counts = await board.counts(first, last)
+        seconds = (last - first) * board.bucket_s
+        self.rates = {name: n / seconds for name, n in counts.items() if n > 0}
 
     def versions(self, snap: RoutingSnapshot | None) -> dict[str, VersionInfo]:
         """lora_name → version to keep warm now."""
@@ -70,8 +77,8 @@ class HotSet:
         return out
 
     def refresh(self, snap: RoutingSnapshot | None) -> dict[str, VersionInfo]:
-        """Recompute ``targets``; returns the hot versions (those with a target > 0)."""
-        self.measure()
+        """Recompute ``targets`` (from the last ``measure``); returns the hot versions (those
+        with a target > 0)."""
         wanted = self.versions(snap)
         targets: dict[str, int] = {}
         out: dict[str, VersionInfo] = {}

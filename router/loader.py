@@ -32,9 +32,10 @@ from router.cluster import ClusterState
 from router.contract import NoCapacity
 from router.errors import LoadError
 from router.metrics import RouterMetrics
+from router.placement.types import Residency, ResidencyState
 from router.settings import RouterSettings
 from router.staging import HashMismatch, Stager, StagingError
-from router.store import ReplicaState, ReplicaStore, Residency
+from router.store import ReplicaState, ReplicaStore
 from router.unloader import Unloader
 
 log = logging.getLogger("loraplane.router.loader")
@@ -184,26 +185,24 @@ class Loader:
 
     # ------------------------------------------------------------------ the load itself
 
-    def _record(self, rep: ReplicaState, version: VersionInfo, state: str) -> Residency:
+    def _record(self, rep: ReplicaState, version: VersionInfo, state: ResidencyState) -> None:
         now = self._clock()
         r = rep.residents.get(version.lora_name)
         if r is None:
-            r = Residency(
+            rep.residents[version.lora_name] = Residency(
                 lora_name=version.lora_name,
                 adapter_id=version.adapter_id,
                 version=version.version,
-                state=state,  # type: ignore[arg-type]
+                state=state,
                 since=now,
                 last_used=now,
                 size_bytes=version.total_bytes,
-                requests=self._store.past_requests.pop(version.lora_name, 0),
+                rank=version.rank,
             )
-            rep.residents[version.lora_name] = r
         else:
-            r.state = state  # type: ignore[assignment]
-            r.since = now
-            r.size_bytes = version.total_bytes or r.size_bytes
-        return r
+            rep.residents.change(
+                version.lora_name, state=state, since=now, size_bytes=version.total_bytes or r.size_bytes
+            )
 
     async def _load(self, rep: ReplicaState, version: VersionInfo) -> None:
         name = version.lora_name
@@ -274,9 +273,7 @@ class Loader:
     def _fail(self, rep: ReplicaState, lora_name: str, reason: str) -> None:
         r = rep.residents.get(lora_name)
         if r is not None and r.state != "resident":
-            r.state = "failed"
-            r.reason = reason
-            r.since = self._clock()
+            rep.residents.change(lora_name, state="failed", reason=reason, since=self._clock())
 
     async def _failed(
         self,

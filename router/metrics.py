@@ -62,14 +62,49 @@ class RouterMetrics:
         self.fallbacks = Counter(
             "loraplane_fallbacks",
             "Requests answered by an adapter's on_load_failure policy (SPEC §15), by the version that "
-            "could not be served and the kind of fallback (previous_version, base_model).",
-            ["adapter", "version", "kind"],
+            "could not be served, the kind of fallback (previous_version, base_model) and the version "
+            "that answered instead (`base` for the base model).",
+            ["adapter", "version", "kind", "served_version"],
             registry=registry,
         )
         self.wrong_adapter = Counter(
             "loraplane_wrong_adapter_answers",
             "Replica answers that came from another model than the one asked for.",
             ["replica"],
+            registry=registry,
+        )
+        self.tiers = Counter(
+            "loraplane_adapter_tier",
+            "Requests placed, by where their adapter came from on the chosen replica (estimated): gpu "
+            "(in a GPU slot), cpu (copied from the engine's host cache), disk (re-read by the engine), "
+            "load (loaded by the router).",
+            ["pool", "tier"],
+            registry=registry,
+        )
+        self.desired_replicas = Gauge(
+            "loraplane_pool_desired_replicas",
+            "Replicas the placement plan wants in each pool (forecast demand, adapter slots, queueing): "
+            "the autoscaling signal. Every gateway exports the cluster's value: aggregate with max.",
+            ["pool"],
+            registry=registry,
+        )
+        self.demand = Gauge(
+            "loraplane_adapter_demand_rps",
+            "Forecast request rate of each planned adapter version, cluster-wide (aggregate with max).",
+            ["adapter", "version"],
+            registry=registry,
+        )
+        self.planned = Gauge(
+            "loraplane_adapter_planned_replicas",
+            "Replicas the placement plan gives each adapter version (aggregate with max).",
+            ["adapter", "version"],
+            registry=registry,
+        )
+        self.plan_actions = Counter(
+            "loraplane_plan_actions",
+            "Actions of the placement plan executed by this process (load: ahead of demand; "
+            "skipped: refused by the cluster, e.g. no room).",
+            ["action"],
             registry=registry,
         )
         # (family, index of its `adapter` label (`version` follows it), index of its `replica` label)
@@ -80,6 +115,8 @@ class RouterMetrics:
             (self.cold_wait, 0, None),
             (self.fallbacks, 0, None),
             (self.wrong_adapter, None, 0),
+            (self.demand, 0, None),
+            (self.planned, 0, None),
         )
         # per retained family: label values → its last reading (``take_touched``)
         self._readings: list[dict[tuple[str, ...], float]] = [{} for _ in self._retained]

@@ -11,9 +11,12 @@ process at a time (the ``reconciler`` lease of ``router.cluster``):
   (pinned traffic keeps them) (``reason`` ``retired``);
 - a replica holding more than ``max_adapters`` (left from before, or loaded by hand) is brought
   back to it, least recently used idle adapters first (``reason`` ``evict``);
-- hot adapters (``router.hotness``) are prewarmed up to their copy count, through placement
-  with ``strict_hot`` (a prewarm never evicts another hot copy) and the normal load path. A
-  replica where the version's load failed is not retried until its failed record expires.
+- hot adapters (``router.hotness``; measured hot from the cluster's counts) are prewarmed up to
+  their copy count, through placement with ``strict_hot`` (a prewarm never evicts another hot
+  copy) and the normal load path — when the placement controller is off
+  (``plan_interval_s`` = 0); otherwise the placement plan gives them their copies
+  (``router.controller``). A replica where the version's load failed is not retried until its
+  failed record expires.
 
 Unloads go through ``Unloader.unload``, which is refused while any process has a request in
 flight for the adapter there. Nothing is unloaded before the first snapshot arrives.
@@ -24,10 +27,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from registry.snapshot import RoutingSnapshot, VersionInfo
-from router.cluster import ClusterState
+from router.cluster import Board, ClusterState
 from router.hotness import HotSet
 from router.loader import Loader
 from router.prewarm import Prewarmer
@@ -49,8 +53,10 @@ class Reconciler:
         hot: HotSet,
         prewarmer: Prewarmer,
         snapshot: Callable[[], RoutingSnapshot | None],
+        board: Board,
         *,
         clock: Callable[[], float],
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -60,7 +66,9 @@ class Reconciler:
         self._hot = hot
         self._prewarmer = prewarmer
         self._snapshot = snapshot
+        self._board = board
         self._clock = clock
+        self._wall = wall
         self._kick = asyncio.Event()
         self._short: set[str] = set()  # hot versions below their count (logged once until met)
         self.stopped = False
@@ -83,6 +91,8 @@ class Reconciler:
     async def reconcile_once(self) -> None:
         snap = self._snapshot()
         self._drop_stuck()
+        if self._settings.hot_prewarm_rps > 0:
+            await self._hot.measure(self._board, self._wall())
         hot = self._hot.refresh(snap)
         if snap is None or not await self._cluster.lead("reconciler"):
             return
@@ -90,7 +100,8 @@ class Reconciler:
             if rep.healthy:
                 await self._unload_unserved(rep, snap)
                 await self._trim(rep)
-        await self._prewarm_hot(hot, snap)
+        if self._settings.plan_interval_s <= 0:
+            await self._prewarm_hot(hot, snap)
 
     def _drop_stuck(self) -> None:
         now = self._clock()
@@ -121,7 +132,7 @@ class Reconciler:
                 reason = "disabled"
             elif (
                 version.status not in ("active", "canary")
-                and r.inflight + r.remote_inflight == 0
+                and rep.in_use(name) == 0
                 and now - r.last_used >= self._settings.retired_idle_unload_s
             ):
                 reason = "retired"
@@ -137,7 +148,7 @@ class Reconciler:
             return
         targets = self._hot.targets
         idle = sorted(
-            (r for r in present if r.state == "resident" and r.inflight + r.remote_inflight == 0),
+            (r for r in present if r.state == "resident" and rep.in_use(r.lora_name) == 0),
             key=lambda r: (r.lora_name in targets, r.last_used),
         )
         log.warning(

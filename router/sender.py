@@ -70,12 +70,8 @@ class Sender:
         if req.stream and req.want_usage:
             opts = body.get("stream_options")
             body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
-        resident = rep.residents.get(version.lora_name) if version is not None else None
-        rep.inflight += 1
-        if resident is not None:
-            resident.inflight += 1
-            resident.requests += 1
-            resident.last_used = self._clock()
+        name = version.lora_name if version is not None else None
+        rep.start(name, self._clock())
         ended = False
 
         def end() -> None:
@@ -83,10 +79,7 @@ class Sender:
             if ended:
                 return
             ended = True
-            rep.inflight -= 1
-            if resident is not None:
-                resident.inflight -= 1
-                resident.last_used = self._clock()
+            rep.finish(name, self._clock())
             on_end()
 
         task = asyncio.current_task()

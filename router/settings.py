@@ -78,6 +78,25 @@ class PoolConfig(BaseModel):
     dns_interval_s: float = Field(default=10.0, description="Re-resolution interval of `dns`.")
     max_loras: int = Field(default=4, ge=1, description="GPU LoRA slots per replica (vLLM --max-loras).")
     max_adapters: int = Field(default=8, ge=1, description="Adapters kept registered per replica.")
+    max_num_seqs: int = Field(
+        default=256,
+        ge=1,
+        description="Requests a replica runs at once (vLLM --max-num-seqs): placement's measure of a "
+        "replica's load.",
+    )
+    max_cpu_loras: int | None = Field(
+        default=None,
+        ge=1,
+        description="Adapters a replica keeps in host memory (vLLM --max-cpu-loras; default: vLLM's, "
+        "max_loras). Placement prices an adapter there as a copy into a GPU slot, one beyond it as a "
+        "re-read from disk.",
+    )
+    max_lora_rank: int | None = Field(
+        default=None,
+        ge=1,
+        description="vLLM --max-lora-rank of the replicas (unknown when unset): adapters of a higher rank "
+        "are never placed there, and lower ranks pay for the padding.",
+    )
     reserved_hot_slots: int = Field(
         default=0,
         ge=0,
@@ -233,8 +252,31 @@ class RouterSettings(LoraplaneSettings):
     )
     hot_prewarm_replicas: int = Field(default=2, ge=1, description="Replicas a hot adapter is kept on.")
     rate_window_s: float = Field(default=10.0, description="Window of the measured per-adapter request rate.")
+    plan_interval_s: float = Field(
+        default=3.0,
+        ge=0,
+        description="Period of the placement controller (one process in the cluster): forecast each "
+        "adapter's demand from every gateway's counts, plan which replicas hold it, load them ahead of "
+        "demand (0 = off: requests place adapters as they come, hot adapters are prewarmed by the "
+        "reconciler).",
+    )
+    plan_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Parameters of the placement plan (JSON object; router/placement/README.md, "
+        '"The placement plan"), e.g. {"plan_share": 0.5, "min_rps": 0.02}.',
+    )
     publish_interval_s: float = Field(default=1.0, description="How often replica state goes to Redis.")
     state_ttl_s: float = Field(default=30.0, description="TTL of replica records published to Redis.")
+
+    @model_validator(mode="after")
+    def _check_plan(self) -> RouterSettings:
+        from router.placement.plan import PlanParams
+
+        try:
+            PlanParams(**self.plan_params)
+        except TypeError as exc:
+            raise ValueError(f"plan_params: {exc}") from None
+        return self
 
     def resolved_staging_dir(self) -> Path:
         return (self.staging_dir or (self.data_dir / "staging")).resolve()

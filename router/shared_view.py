@@ -14,7 +14,8 @@ import logging
 from collections.abc import Callable
 
 from router.cluster import ClusterState, ReplicaShare
-from router.store import ReplicaState, ReplicaStore, Residency, parse_lora_name
+from router.placement.types import Residency
+from router.store import ReplicaState, ReplicaStore, parse_lora_name
 
 log = logging.getLogger("loraplane.router.shared_view")
 
@@ -63,6 +64,7 @@ class SharedView:
         residents = rep.residents
         for name, rec in share.records.items():
             remote = share.remote_marks.get(name, 0)
+            rep.set_remote(name, remote)
             r = residents.get(name)
             if r is None:
                 parsed = parse_lora_name(name)
@@ -75,21 +77,24 @@ class SharedView:
                     state=rec.state,
                     since=now,
                     last_used=now,
-                    remote_inflight=remote,
                     reason=rec.failure,
                 )
                 continue
-            if r.remote_inflight != remote:
-                r.remote_inflight = remote
+            changes: dict[str, object] = {}
             if remote:
-                r.last_used = now  # in use by another process: recently used cluster-wide
+                changes["last_used"] = now  # in use by another process: recently used cluster-wide
             if r.state != rec.state and r.since <= asked and not self._busy(rep.url, name):
-                r.state = rec.state
+                changes["state"] = rec.state
+            if changes:
+                residents.change(name, **changes)
+        for name in list(rep.remote):
+            if name not in share.records:
+                rep.set_remote(name, 0)
         for name, r in list(residents.items()):
             if (
                 name not in share.records
                 and r.since <= asked
-                and r.inflight == 0
+                and rep.local.get(name, 0) == 0
                 and not self._busy(rep.url, name)
             ):
                 del residents[name]

@@ -34,7 +34,7 @@ import aiohttp
 import orjson
 
 from registry.snapshot import VersionInfo
-from router.store import LORA_NAME_RE
+from router.replica import LORA_NAME_RE
 
 CHUNK = 1024 * 1024
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

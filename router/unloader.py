@@ -49,7 +49,7 @@ class Unloader:
         """Unload ``lora_name`` from ``rep`` unless a request of any gateway process uses it there
         (or it is loading); 404 = already gone, fine. Cleans its staged files."""
         r = rep.residents.get(lora_name)
-        if r is not None and (r.state in ("staging", "loading", "unloading") or r.inflight > 0):
+        if r is not None and (r.state in ("staging", "loading", "unloading") or rep.in_use(lora_name) > 0):
             return False
         if self.busy(rep.url, lora_name) or not await self._cluster.begin_unload(rep.url, lora_name):
             return False
@@ -60,16 +60,14 @@ class Unloader:
         key = (rep.url, lora_name)
         self._unloading.add(key)
         try:
-            r = rep.residents.get(lora_name)
-            if r is not None:
-                r.state = "unloading"
+            r = rep.residents.change(lora_name, state="unloading")
             res = await rep.driver.unload(rep.url, lora_name, self._settings.poll_timeout_s * 5)
             await self._cluster.end_unload(rep.url, lora_name, res.ok)
         finally:
             self._unloading.discard(key)
         if not res.ok:
             if r is not None and rep.residents.get(lora_name) is r:
-                r.state = "resident"
+                rep.residents.change(lora_name, state="resident")
             log.warning(
                 "adapter unload failed",
                 extra={"replica": rep.url, "lora_name": lora_name, "error": res.message},
@@ -78,9 +76,6 @@ class Unloader:
         self._store.note_gone(rep, lora_name)
         if rep.residents.get(lora_name) is r:
             rep.residents.pop(lora_name, None)
-            if r is not None and r.requests:
-                past = self._store.past_requests
-                past[lora_name] = max(past.get(lora_name, 0), r.requests)
         adapter_id = r.adapter_id if r else lora_name.split("@", 1)[0]
         version = r.version if r else ""
         if not res.already_gone:

@@ -129,6 +129,11 @@ class SimApp:
             )
         return model, adapter.sha256
 
+    def resolve_request(self, body: dict[str, Any], model: str) -> tuple[str | None, str]:
+        """The adapter a request asks for: its ``model`` here (an engine flavour may read more of
+        the body, e.g. TensorRT-LLM's ``lora_request``)."""
+        return self.resolve_model(model)
+
     def request_done(self) -> None:
         self.requests_done += 1
         limit = self.config.faults.exit_after_requests
@@ -299,5 +304,9 @@ class SimApp:
 
 
 def create_app(config: SimConfig | None = None, *, exit_process: bool = False) -> SimApp:
-    """Build a simulated replica (an ASGI app). ``exit_process`` lets faults end the process."""
-    return SimApp(config or SimConfig(), exit_process=exit_process)
+    """Build a simulated vLLM replica (an ASGI app). ``exit_process`` lets faults end the process.
+    Other engines' flavours: ``simulator.flavours.build_app``."""
+    config = config or SimConfig()
+    if config.engine != "vllm":
+        raise ValueError(f"engine {config.engine!r}: build it with simulator.flavours.build_app")
+    return SimApp(config, exit_process=exit_process)

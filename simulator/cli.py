@@ -17,6 +17,7 @@ from simulator.behaviours import ENV_VAR as BEHAVIOURS_ENV
 from simulator.behaviours import BehaviourError, load_behaviours
 from simulator.config import FaultState, SimConfig
 from simulator.engine import ALLOWED_LORA_RANKS, TimingParams
+from simulator.flavour_options import SIM_ENGINES, FlavourOptions
 
 PARENT_ENV = "LORAPLANE_SIM_PARENT_PID"
 _D = TimingParams()
@@ -59,6 +60,23 @@ def _watch_parent(pid: int) -> None:
 
 
 def simulate(
+    engine: str = typer.Option(
+        "vllm", "--engine", help=f"Engine whose HTTP API to speak: {', '.join(SIM_ENGINES)}."
+    ),
+    max_loaded_loras: int | None = typer.Option(
+        None, "--max-loaded-loras", help="sglang: adapters kept registered (its LRU; default unlimited)."
+    ),
+    dynamic_lora_loading_path: str | None = typer.Option(
+        None,
+        "--dynamic-lora-loading-path",
+        help="ray-serve: where adapters are published, s3://bucket/prefix (or file:///dir, simulator only).",
+    ),
+    max_num_adapters_per_replica: int = typer.Option(
+        16, "--max-num-adapters-per-replica", min=1, help="ray-serve: the replica's LRU of loaded adapters."
+    ),
+    lora_cache_dir: str | None = typer.Option(
+        None, "--lora-cache-dir", help="ray-serve: the replica's disk cache (default: a temp dir)."
+    ),
     port: int = typer.Option(8000, "--port", help="TCP port to listen on."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     model: str = typer.Option("demo-base", "--model", help="Served base model name."),
@@ -129,11 +147,22 @@ def simulate(
     ),
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
-    """Run one simulated vLLM replica (vLLM's HTTP API, LoRA slots, load latency, faults)."""
+    """Run one simulated replica (vLLM's HTTP API, or --engine sglang|ray-serve|trtllm's; LoRA slots,
+    load latency, faults)."""
     import uvicorn
 
-    from simulator.app import create_app
+    from simulator.flavours import build_app
 
+    if engine not in SIM_ENGINES:
+        raise typer.BadParameter(f"one of {', '.join(SIM_ENGINES)}", param_hint="--engine")
+    if engine == "ray-serve" and not (dynamic_lora_loading_path or "").startswith(("s3://", "file:///")):
+        raise typer.BadParameter(
+            "ray-serve needs s3://bucket/prefix (or file:///dir)", param_hint="--dynamic-lora-loading-path"
+        )
+    if engine in ("ray-serve", "trtllm") and lora_modules:
+        raise typer.BadParameter(f"{engine} has no static adapters", param_hint="--lora-modules")
+    if engine == "sglang" and max_cpu_loras is None:  # SGLang holds every registered adapter in host memory
+        max_cpu_loras = max(max_loras, max_loaded_loras or 1024)
     if max_lora_rank not in ALLOWED_LORA_RANKS:
         raise typer.BadParameter(f"--max-lora-rank must be one of {list(ALLOWED_LORA_RANKS)}")
     timing_kw = dict(
@@ -190,12 +219,19 @@ def simulate(
         default_max_tokens=default_max_tokens,
         seed=seed,
         wrap_worker_errors=wrap_worker_errors,
+        engine=engine,
+        flavour=FlavourOptions(
+            max_loaded_loras=max_loaded_loras,
+            dynamic_lora_loading_path=dynamic_lora_loading_path,
+            max_num_adapters_per_replica=max_num_adapters_per_replica,
+            lora_cache_dir=lora_cache_dir,
+        ),
     )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parent = os.environ.get(PARENT_ENV)
     if parent and parent.isdigit():
         _watch_parent(int(parent))
-    app = create_app(config, exit_process=True)  # static adapters load before we listen
+    app = build_app(config, exit_process=True)  # static adapters load before we listen
     uv = uvicorn.Config(
         app,
         host=host,

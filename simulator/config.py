@@ -8,6 +8,7 @@ from typing import Any
 
 from simulator.behaviours import BehaviourSet, parse_behaviours
 from simulator.engine import ALLOWED_LORA_RANKS, TimingParams
+from simulator.flavour_options import SIM_ENGINES, FlavourOptions
 
 VLLM_VERSION = "0.33.0"
 
@@ -96,8 +97,13 @@ class SimConfig:
     seed: int = 0  # mixed into every generation (a different "model")
     wrap_worker_errors: bool = False  # vLLM's multiproc-executor wording of load failures
     version: str = VLLM_VERSION
+    # which engine's HTTP API this replica speaks (simulator/README.md "Engine flavours")
+    engine: str = "vllm"
+    flavour: FlavourOptions = field(default_factory=FlavourOptions)
 
     def __post_init__(self) -> None:
+        if self.engine not in SIM_ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(SIM_ENGINES)}, got {self.engine!r}")
         if self.max_lora_rank not in ALLOWED_LORA_RANKS:
             raise ValueError(
                 f"max_lora_rank must be one of {list(ALLOWED_LORA_RANKS)}, got {self.max_lora_rank}"

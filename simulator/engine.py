@@ -33,10 +33,14 @@ Model (all durations are multiplied by ``time_scale``):
   ``max_num_seqs`` caps running requests and ``kv_cache_tokens`` caps their prompt tokens
   (those waits have reason ``capacity``).
 - GPU slots (``max_loras``) and the CPU cache (``max_cpu_loras``, a superset) are both LRU.
-  An adapter in the batch that is not in a GPU slot costs ``cpu_cache_reload_s`` if it is in
-  the CPU cache, else a reload from disk: ``load_fixed_s + size_bytes / load_bytes_per_s``.
+  An adapter in the batch that is not in a GPU slot costs ``cpu_cache_reload_s`` (or the
+  size-aware copy of ``tiers``, ``simulator/tiers.py``) if it is in the CPU cache, else a
+  reload from disk: ``load_fixed_s + size_bytes / load_bytes_per_s``.
   The cost is added to that step, so the first token of that request (and of the whole
   batch) is later.
+- With a ``prefix_cache`` (``simulator/prefix_cache.py``), a request's leading prompt blocks
+  found there for its LoRA are not prefilled (``add_request(..., prefix=block hashes)``);
+  ``prefill_tokens`` counts the prompt tokens computed.
 - ``register_adapter`` is vLLM's ``add_lora``: it reads the adapter from disk into the CPU
   cache and a GPU slot (evicting LRU entries). It runs inside the engine loop, between
   steps, so it delays the next step; ``ready_at`` is when it completes.
@@ -50,9 +54,11 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from simulator.prefix_cache import PrefixCache
+from simulator.tiers import TierCosts
 from simulator.timing import (
     ALLOWED_LORA_RANKS,
     AdapterLoad,
@@ -85,6 +91,7 @@ class _Req:
     generated: int = 0
     scheduled_at: float | None = None
     first_token_at: float | None = None
+    cached: int = 0  # prompt tokens found in the prefix cache (not prefilled)
 
 
 @dataclass(slots=True)
@@ -115,6 +122,12 @@ class EngineModel:
     steps: int = 0
     total_disk_loads: int = 0
     total_cpu_reloads: int = 0
+    #: prompt tokens prefilled so far (prefix-cache hits excluded)
+    prefill_tokens: int = 0
+    #: vLLM's prefix cache (``simulator/prefix_cache.py``); None: no prefix caching
+    prefix_cache: PrefixCache | None = None
+    #: costs of the CPU → GPU tier (``simulator/tiers.py``); None: ``cpu_cache_reload_s``
+    tiers: TierCosts | None = None
     #: called as ``on_iteration(tokens, steps)`` for ``steps`` engine steps that each processed
     #: ``tokens`` tokens (newly prefilled prompt tokens + one per running request), as vLLM's
     #: ``vllm:iteration_tokens_total``; None (the default) costs nothing
@@ -184,8 +197,10 @@ class EngineModel:
         now: float,
         *,
         want_tokens: bool = False,
+        prefix: Sequence[int] = (),
     ) -> None:
-        """Queue a request. ``lora`` must be registered (KeyError otherwise)."""
+        """Queue a request. ``lora`` must be registered (KeyError otherwise). ``prefix``: the
+        prompt's chained block hashes, for the prefix cache (``prefix_cache.py``) if there is one."""
         self._run(now, strict=True)
         lora_id = 0
         if lora is not None:
@@ -195,6 +210,9 @@ class EngineModel:
         req = _Req(
             req_id, lora, lora_id, max(0, int(prompt_tokens)), max(1, int(max_tokens)), now, want_tokens
         )
+        if self.prefix_cache is not None and prefix:
+            req.cached = self.prefix_cache.lookup(prefix, req.prompt_tokens)
+            self.prefix_cache.insert(prefix)
         self._reqs[req_id] = req
         self._waiting.append(req)
         if self._step_end is None:
@@ -336,7 +354,7 @@ class EngineModel:
                 batch_loras.add(req.lora_id)
             req.scheduled_at = start
             kv_used += req.prompt_tokens
-            new_tokens += req.prompt_tokens
+            new_tokens += req.prompt_tokens - req.cached
             self._running.append(req)
         self._waiting = still_waiting
         if not self._running:
@@ -351,7 +369,10 @@ class EngineModel:
                 continue
             res = self._adapters[lid]
             if lid in self._cpu:
-                load_s += p.cpu_cache_reload_s * p.time_scale
+                tiers = self.tiers
+                load_s += (
+                    p.cpu_cache_reload_s if tiers is None else tiers.cpu_to_gpu_s(res.name, res.size_bytes)
+                ) * p.time_scale
                 res.cpu_reloads += 1
                 self.total_cpu_reloads += 1
             else:
@@ -365,6 +386,7 @@ class EngineModel:
         self._step_started = start
         self._step_end = start + dur
         self._step_prompt_tokens = new_tokens
+        self.prefill_tokens += new_tokens
         self.steps += 1
         return True
 

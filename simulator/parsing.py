@@ -143,7 +143,7 @@ def parse_request(app: SimApp, body: dict[str, Any], chat: bool) -> Parsed:
     model = body.get("model") or ""
     if not isinstance(model, str):
         raise _bad("model must be a string", "model")
-    lora, identity = app.resolve_model(model)  # LoadError 404 for an unknown name
+    lora, identity = app.resolve_request(body, model)  # LoadError 404 for an unknown name
     max_tokens = _int_field(body, "max_completion_tokens", None, 1) if chat else None
     if max_tokens is None:
         max_tokens = _int_field(body, "max_tokens", app.config.default_max_tokens, 1)

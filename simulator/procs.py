@@ -48,8 +48,10 @@ class SimProcess:
         env: dict[str, str] | None = None,
         ready_timeout: float = 20.0,
         host: str = "127.0.0.1",
+        engine: str = "vllm",
     ) -> None:
         self.model = model
+        self.engine = engine  # which engine's HTTP API (``--engine``); decides the health path
         self.host = host
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
@@ -83,6 +85,7 @@ class SimProcess:
             str(self.port),
             "--model",
             self.model,
+            *(["--engine", self.engine] if self.engine != "vllm" else []),
             *self.extra_args,
         ]
 
@@ -106,7 +109,8 @@ class SimProcess:
         answers, so it is up); on timeout the process is killed."""
         if self.managed is None:
             raise SimulatorStartError(f"simulator on port {self.port} was never started")
-        check = kp.http_ready(f"{self.url}/health", expect=(200, 503), timeout=1.0)
+        health = "/-/healthz" if self.engine == "ray-serve" else "/health"
+        check = kp.http_ready(f"{self.url}{health}", expect=(200, 503), timeout=1.0)
         try:
             self.managed.wait_ready(check, self.ready_timeout if timeout is None else timeout)
         except kp.ProcessStartError as e:
@@ -155,13 +159,17 @@ def start_simulators(
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
     ready_timeout: float = 20.0,
+    engine: str = "vllm",
 ) -> list[SimProcess]:
-    """Start ``n`` simulators on free ports (in parallel) and wait until each answers /health."""
+    """Start ``n`` simulators on free ports (in parallel) and wait until each answers its health
+    check (``engine``: which engine's HTTP API they speak)."""
     procs: list[SimProcess] = []
     try:
         for _ in range(n):
             procs.append(
-                SimProcess(model=model, extra_args=extra_args, env=env, ready_timeout=ready_timeout).start()
+                SimProcess(
+                    model=model, extra_args=extra_args, env=env, ready_timeout=ready_timeout, engine=engine
+                ).start()
             )
         for p in procs:
             for attempt in range(3):

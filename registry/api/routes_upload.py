@@ -13,7 +13,8 @@ one transaction inserts the version (number = max + 1) with its audit event and 
 the pending files are committed *before* the database commit, and the change is published
 only after both. If the database commit fails, the committed files are deleted again
 (``pending.abort()`` removes committed files too), so nothing refers to missing files and no
-files outlive a refused change.
+files outlive a refused change; a request that ends between ingest and recording (its wait for
+a worker thread cancelled) aborts the pending files too.
 """
 
 from __future__ import annotations
@@ -204,5 +205,9 @@ async def upload_version(
             'upload as multipart/form-data (parts named `files`) or JSON {"source_uri": …}',
             details={"content_type": ctype or None},
         )
-    rec = await anyio.to_thread.run_sync(_record, st, adapter_id, result, actor, quality_gate, gate_body)
+    try:
+        rec = await anyio.to_thread.run_sync(_record, st, adapter_id, result, actor, quality_gate, gate_body)
+    except BaseException:  # _record aborts what it refuses; this is for never getting that far
+        await ingest.abort_pending(result.pending)  # (the wait for a thread cancelled, …): idempotent
+        raise
     return JSONResponse(status_code=201, content=VersionOut.model_validate(rec).model_dump(mode="json"))

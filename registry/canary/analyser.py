@@ -8,9 +8,14 @@ reaches ``min_requests × 2^j`` (:func:`registry.canary.decide.due_look`). After
 fresh window begins (new baseline, α budget renewed), so an old canary is judged on recent
 traffic.
 
+- Each watched canary is analysed in a task of its own (a *pass*: counters, format checks,
+  judgement); a tick starts a pass for every canary whose previous pass has ended and does not
+  wait for them, so a canary whose checks are slow delays only itself.
 - Format checks: where the adapter's regression set has ``json_schema``/``regex`` checks, each
-  tick takes up to :data:`ANSWERS_PER_TICK` sampled answers of each arm and counts those that
-  fail (:mod:`registry.canary.checks`, in a worker thread); the counts belong to the window.
+  pass takes up to :data:`ANSWERS_PER_TICK` sampled answers of each arm and counts those that
+  fail (:mod:`registry.canary.checks`), one answer at a time through the
+  :class:`~registry.quality.check_pool.CheckPool` (worker processes, a deadline per answer:
+  an answer cut off counts as failed); the counts belong to the window.
 - Breach at a look → the canary is cleared at once (:func:`registry.canary.actions.abort_canary`,
   audit ``version.canary_aborted`` with the counts, rates and p-values). Aborts and promotions are
   written through :class:`registry.writer.ChangeWriter` with the process's change ``feed``, so
@@ -40,12 +45,13 @@ from kit.aio import cancel_all
 from kit.db import session_scope
 from kit.errors import LoraplaneError
 from registry.canary import actions
-from registry.canary.checks import count_failures
+from registry.canary.checks import parse_groups
 from registry.canary.counters import ArmCounts, CounterSource
 from registry.canary.decide import CheckCounts, due_look, judge
 from registry.canary.lease import Lease
 from registry.canary.metrics import CanaryMetrics, default_metrics
 from registry.feed import ChangeFeed
+from registry.quality.check_pool import CheckPool
 from registry.writer import ChangeWriter
 
 log = logging.getLogger("loraplane.canary")
@@ -85,6 +91,7 @@ class CanaryAnalyser:
         metrics: CanaryMetrics | None = None,
         clock: Callable[[], float] = time.time,
         feed: ChangeFeed | None = None,
+        checks: CheckPool | None = None,
     ) -> None:
         self.factory = session_factory
         self.write = ChangeWriter(session_factory, feed)  # aborts and promotions: gateways hear of them
@@ -94,7 +101,9 @@ class CanaryAnalyser:
         self.tick_s = tick_s
         self.metrics = metrics if metrics is not None else default_metrics()
         self.clock = clock
+        self.checks = checks if checks is not None else CheckPool()
         self._watches: dict[WatchKey, _Watch] = {}
+        self._passes: dict[WatchKey, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -107,13 +116,16 @@ class CanaryAnalyser:
         task, self._task = self._task, None
         if task is not None:
             await cancel_all([task])
+        await cancel_all(list(self._passes.values()))
+        self._passes.clear()
+        self.checks.close()
         await self.lease.release()
         self.metrics.leader.set(0)
 
     async def _loop(self) -> None:
         while True:
             try:
-                await self.run_once()
+                await self.tick()
             except asyncio.CancelledError:
                 raise
             except Exception:  # the registry or Redis down: try again next tick
@@ -123,24 +135,43 @@ class CanaryAnalyser:
     # ------------------------------------------------------------------ one tick
 
     async def run_once(self) -> None:
+        """One tick, and wait for the passes it started (tests, one-shot tools)."""
+        await asyncio.gather(*await self.tick())
+
+    async def tick(self) -> list[asyncio.Task[None]]:
+        """Start a pass for every watched canary whose previous pass has ended; the passes
+        started."""
         held = await self.lease.hold()
         self.metrics.leader.set(1 if held else 0)
         if not held:
-            for key in list(self._watches):
+            for key in list(self._watches.keys() | self._passes.keys()):
                 self._drop(key)
-            return
+            return []
         watched = await asyncio.to_thread(self._read, actions.watched_canaries)
         seen: set[WatchKey] = set()
+        started: list[asyncio.Task[None]] = []
         for w in watched:
             key = (w.adapter_id, w.canary_version, w.active_version, w.since)
             seen.add(key)
-            try:
-                await self._analyse(key, w)
-            except Exception:
-                log.exception("canary analysis of %s %s failed", w.adapter_id, w.canary_version)
-        for key in list(self._watches):
+            running = self._passes.get(key)
+            if running is None or running.done():
+                task = asyncio.get_running_loop().create_task(
+                    self._pass(key, w), name=f"canary-{w.adapter_id}-{w.canary_version}"
+                )
+                self._passes[key] = task
+                started.append(task)
+        for key in list(self._watches.keys() | self._passes.keys()):
             if key not in seen:
                 self._drop(key)
+        return started
+
+    async def _pass(self, key: WatchKey, w: actions.WatchedCanary) -> None:
+        try:
+            await self._analyse(key, w)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("canary analysis of %s %s failed", w.adapter_id, w.canary_version)
 
     def _read(self, fn: Callable[[Session], Any]) -> Any:
         with session_scope(self.factory) as s:
@@ -148,6 +179,9 @@ class CanaryAnalyser:
 
     def _drop(self, key: WatchKey) -> None:
         self._watches.pop(key, None)
+        task = self._passes.pop(key, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
         self.metrics.forget(key[0], key[1])
 
     async def _analyse(self, key: WatchKey, w: actions.WatchedCanary) -> None:
@@ -204,16 +238,18 @@ class CanaryAnalyser:
             await self._promote(key, watch, now)
 
     async def _check_answers(self, w: actions.WatchedCanary, into: CheckCounts) -> None:
+        """One answer at a time (this canary holds at most one check worker)."""
+        groups = parse_groups(w.format_checks)
         texts_c = await self.counters.take_answers(w.adapter_id, w.canary_version, ANSWERS_PER_TICK)
+        for text in texts_c:
+            ok = await self.checks.conforms(groups, text)
+            into.canary_checked += 1
+            into.canary_failed += 0 if ok else 1
         texts_a = await self.counters.take_answers(w.adapter_id, w.active_version, ANSWERS_PER_TICK)
-        if not texts_c and not texts_a:
-            return
-        failed_c = await asyncio.to_thread(count_failures, w.format_checks, texts_c)
-        failed_a = await asyncio.to_thread(count_failures, w.format_checks, texts_a)
-        into.canary_checked += len(texts_c)
-        into.canary_failed += failed_c
-        into.active_checked += len(texts_a)
-        into.active_failed += failed_a
+        for text in texts_a:
+            ok = await self.checks.conforms(groups, text)
+            into.active_checked += 1
+            into.active_failed += 0 if ok else 1
 
     async def _promote(self, key: WatchKey, watch: _Watch, now: float) -> None:
         w = watch.canary

@@ -14,7 +14,6 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from registry.quality import repository as quality_repo
-from registry.quality.checks import run_check
 
 FORMAT_TYPES = ("json_schema", "regex")
 
@@ -35,11 +34,5 @@ def format_groups(session: Session, adapter_id: str) -> FormatGroups:
     return tuple(groups)
 
 
-def _conforms(parsed: list[list[dict[str, Any]]], text: str) -> bool:
-    return any(all(run_check(c, text).passed for c in checks) for checks in parsed)
-
-
-def count_failures(groups: FormatGroups, texts: list[str]) -> int:
-    """How many of ``texts`` conform to none of the groups (blocking: run it in a thread)."""
-    parsed = [[json.loads(c) for c in g] for g in groups]
-    return sum(0 if _conforms(parsed, t) else 1 for t in texts)
+def parse_groups(groups: FormatGroups) -> list[list[dict[str, Any]]]:
+    return [[json.loads(c) for c in g] for g in groups]

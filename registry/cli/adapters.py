@@ -360,8 +360,9 @@ def promote(
         result = admin.promote(adapter, v, canary_weight=canary, force=force)
     if "requested_by" in result:  # 202: approvals are required (SPEC §14)
         n = result.get("approvals_required")
+        forced = " (forced past its quality gate)" if result.get("force") else ""
         summary = (
-            f"promotion request {result['id']} pending: needs {n} approval(s) "
+            f"promotion request {result['id']}{forced} pending: needs {n} approval(s) "
             f"(loraplane promotions approve {result['id']})"
         )
         emit(opts, result, summary=summary)
@@ -438,7 +439,8 @@ def gate(
 
 @admin_command(adapters_app, "rollback")
 def rollback(opts: CliOptions, adapter: AdapterArg) -> None:
-    """Restore the version that was active before the current one (clears any canary)."""
+    """While a canary runs: end it, keeping the active version. Otherwise restore the version that
+    was active before the current one."""
     with client(opts) as admin:
         result = admin.rollback(adapter)
     active = result.get("active_version") if isinstance(result, dict) else None
@@ -468,3 +470,12 @@ def disable_version(opts: CliOptions, adapter: AdapterArg, version: VersionArg) 
     with client(opts) as admin:
         result = admin.disable_version(adapter, v)
     _print_change(result, opts, f"{adapter} {v} disabled")
+
+
+@admin_command(adapters_app, "enable-version")
+def enable_version(opts: CliOptions, adapter: AdapterArg, version: VersionArg) -> None:
+    """Undo `disable-version`: the version is ready again (promotable; its quality gate as it was)."""
+    v = normalise_version(version)
+    with client(opts) as admin:
+        result = admin.enable_version(adapter, v)
+    _print_change(result, opts, f"{adapter} {v} enabled (ready)")

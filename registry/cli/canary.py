@@ -1,4 +1,7 @@
-"""``loraplane adapters canary-policy ID [options] | --clear`` (SPEC §16): set, show or remove the
+"""``loraplane adapters canary ID [--clear]`` (SPEC §19): show the adapter's canary, or end it
+(``DELETE /adapters/{id}/canary``; start one with ``adapters promote ID vN --canary W``).
+
+``loraplane adapters canary-policy ID [options] | --clear`` (SPEC §16): set, show or remove the
 adapter's canary policy through ``PATCH /adapters/{id}``. Options left out take the defaults;
 with no option at all the current policy is shown."""
 
@@ -11,6 +14,35 @@ import typer
 
 from registry.cli._common import CliOptions, admin_command, client, fmt, out_console, print_json
 from registry.cli.adapters import AdapterArg, adapters_app
+
+
+def _canary_line(a: dict[str, Any]) -> str:
+    active = a.get("active_version") or "none"
+    if a.get("canary_version"):
+        return f"canary {a['canary_version']} at {a.get('canary_weight')}% (active {active})"
+    return f"no canary (active {active})"
+
+
+@admin_command(adapters_app, "canary")
+def canary(
+    opts: CliOptions,
+    adapter: AdapterArg,
+    clear: Annotated[
+        bool, typer.Option("--clear", help="End the canary: all traffic to the active version, kept.")
+    ] = False,
+) -> None:
+    """Show the adapter's canary, or end it with --clear (start one with: adapters promote ID vN
+    --canary WEIGHT)."""
+    with client(opts) as admin:
+        before = admin.get_adapter(adapter)
+        got = admin.end_canary(adapter) if clear else before
+    if opts.as_json:
+        print_json(got)
+        return
+    if clear and before.get("canary_version"):
+        out_console().print(f"{adapter}: canary {before['canary_version']} ended; {_canary_line(got)}")
+    else:
+        out_console().print(f"{adapter}: {_canary_line(got)}")
 
 
 @admin_command(adapters_app, "canary-policy")

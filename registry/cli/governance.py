@@ -222,6 +222,7 @@ _PROMOTION_COLUMNS = [
     ("adapter", field("adapter_id")),
     ("version", field("version")),
     ("canary %", field("canary_weight")),
+    ("force", field("force")),
     ("requested by", field("requested_by")),
     ("status", field("status")),
     ("approvals", _approvals),
@@ -233,7 +234,8 @@ def promotion_summary(p: dict[str, Any]) -> str:
     what = f"{p['adapter_id']} {p['version']}" + (
         f" as canary at {p['canary_weight']}%" if p.get("canary_weight") is not None else ""
     )
-    return f"promotion request {p['id']} ({what}): {p['status']}, approvals {_approvals(p)}"
+    forced = ", forced past its quality gate" if p.get("force") else ""
+    return f"promotion request {p['id']} ({what}{forced}): {p['status']}, approvals {_approvals(p)}"
 
 
 @admin_command(promotions_app, "list")

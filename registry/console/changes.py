@@ -43,6 +43,8 @@ ACTIONS: dict[str, Action] = {
         Action("disable", "Disable adapter", "adapter.disable"),
         Action("enable", "Enable adapter", "adapter.enable"),
         Action("disable_version", "Disable version", "version.disable", needs_version=True),
+        Action("enable_version", "Enable version", "version.enable", needs_version=True),
+        Action("end_canary", "End canary", "adapter.rollback"),
     )
 }
 
@@ -104,6 +106,10 @@ def _runner(st: AdminState, req: Change, actor: str) -> Callable[[Session], Done
         return lambda s: Done(lifecycle.set_adapter_enabled(s, a, False, actor=actor))
     if name == "enable":
         return lambda s: Done(lifecycle.set_adapter_enabled(s, a, True, actor=actor))
+    if name == "end_canary":
+        return lambda s: Done(lifecycle.end_canary(s, a, actor=actor))
+    if name == "enable_version":
+        return lambda s: Done(lifecycle.enable_version(s, a, v, actor=actor))
     return lambda s: Done(lifecycle.disable_version(s, a, v, actor=actor))
 
 

@@ -19,6 +19,7 @@ from registry.services import audit as audit_svc
 from registry.services import base_models as base_svc
 from registry.services import promotions as promo_svc
 from registry.services.records import AdapterRecord
+from registry.services.rollback_chain import rollback_refusal
 
 router = APIRouter()
 
@@ -97,6 +98,7 @@ async def adapter_page(
     res = await residency(st)
     owner = rec.owner
     why = {a.name: viewer.reason_not(a.permission, owner) for a in changes.ACTIONS.values()}
+    why["rollback"] = why["rollback"] or rollback_refusal(rec)  # refused anyway: say why (SPEC §19)
     ctx = {
         "a": rec,
         "versions": sorted(rec.versions or [], key=lambda v: -int(v.version[1:])),

@@ -1,7 +1,8 @@
 """Console page: the approvals inbox (SPEC §14 promotion requests) with approve / reject.
 
 Approve and reject call ``registry.services.promotions`` as ``POST /admin/v1/promotions/{id}/…``
-does: a principal never approves its own request (the button says so), an approval that reaches
+does: a principal never approves its own request nor one for a version whose quality gate it
+recorded by hand (the button says so), a forced request is marked so, an approval that reaches
 the number required runs the promotion in the same transaction, and a request found expired or
 stale is written so and the page says why.
 """
@@ -16,6 +17,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from kit.errors import LoraplaneError
 from registry.api.deps import AdminState, read, write
+from registry.auth import PLATFORM_ACTORS
 from registry.console.web import Viewer, admin, check_csrf, error_page, redirect, render, signed_in
 from registry.services import adapters as adapter_svc
 from registry.services import promotions as promo_svc
@@ -26,11 +28,15 @@ router = APIRouter()
 Opt = Annotated[str | None, Query()]
 
 
-def _why(viewer: Viewer, p: PromotionRecord, owner: str | None, permission: str) -> str | None:
+def _why(
+    viewer: Viewer, p: PromotionRecord, owner: str | None, permission: str, gate_by: str | None
+) -> str | None:
     if p.status != "pending":
         return f"the request is {p.status}"
     if permission == "promotion.approve" and p.requested_by == viewer.id:
         return "you requested this promotion: another approver must approve it"
+    if permission == "promotion.approve" and gate_by == viewer.id and gate_by not in PLATFORM_ACTORS:
+        return f"you recorded the quality gate of {p.version} by hand: another approver must approve it"
     if permission == "promotion.approve" and any(a.principal == viewer.id for a in p.approvals):
         return "you already approved it"
     return viewer.reason_not(permission, owner)
@@ -46,29 +52,36 @@ def approvals_page(
     cursor: Opt = None,
     done: Opt = None,
 ) -> Response:
-    def load(s: Any) -> tuple[Any, dict[str, str | None]]:
+    def load(s: Any) -> tuple[Any, dict[str, str | None], dict[tuple[str, str], str | None]]:
         page = promo_svc.list_promotions(
             s, limit=50, cursor=cursor or None, status=status or None, adapter_id=adapter_id or None
         )
         owners: dict[str, str | None] = {}
+        gate_by: dict[tuple[str, str], str | None] = {}  # who recorded each version's gate
         for p in page.data:
             if p.adapter_id not in owners:
                 owners[p.adapter_id] = adapter_svc.get_adapter(s, p.adapter_id).owner
-        return page, owners
+            if p.status == "pending" and (p.adapter_id, p.version) not in gate_by:
+                gate_by[(p.adapter_id, p.version)] = adapter_svc.get_version(
+                    s, p.adapter_id, p.version
+                ).quality_gate_by
+        return page, owners, gate_by
 
     try:
-        page, owners = read(st, load)
+        page, owners, gate_by = read(st, load)
     except LoraplaneError as e:
         return error_page(request, e, viewer)
-    rows = [
-        {
-            "p": p,
-            "owner": owners.get(p.adapter_id),
-            "why_approve": _why(viewer, p, owners.get(p.adapter_id), "promotion.approve"),
-            "why_reject": _why(viewer, p, owners.get(p.adapter_id), "promotion.reject"),
-        }
-        for p in page.data
-    ]
+    rows = []
+    for p in page.data:
+        owner, setter = owners.get(p.adapter_id), gate_by.get((p.adapter_id, p.version))
+        rows.append(
+            {
+                "p": p,
+                "owner": owner,
+                "why_approve": _why(viewer, p, owner, "promotion.approve", setter),
+                "why_reject": _why(viewer, p, owner, "promotion.reject", None),
+            }
+        )
     params = {"status": status or "", "adapter_id": adapter_id or None}
     ctx = {"rows": rows, "page": page, "params": params, "statuses": promo_svc.STATUSES, "done": done}
     return render(request, "approvals.html", ctx, viewer=viewer)

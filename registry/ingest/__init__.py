@@ -17,7 +17,7 @@ client disconnect, storage error, cancellation — they abort the pending upload
 before raising: nothing is left behind.
 """
 
-from registry.ingest.common import IngestResult
+from registry.ingest.common import IngestResult, abort_pending
 from registry.ingest.hf import HubOptions, RevisionNotFound, SourceUnavailable
 from registry.ingest.hf_uri import SourceNotAllowed, check_hf_uri
 from registry.ingest.multipart import ingest_multipart
@@ -29,6 +29,7 @@ __all__ = [
     "RevisionNotFound",
     "SourceNotAllowed",
     "SourceUnavailable",
+    "abort_pending",
     "check_hf_uri",
     "check_source_uri",
     "ingest_multipart",

@@ -3,6 +3,8 @@
 - :mod:`registry.quality.cases`    parse and validate a regression set (every problem listed)
 - :mod:`registry.quality.checks`   run a case's checks on one output (json_schema, regex with a
   match timeout, contains / not_contains, max_chars, refusal)
+- :mod:`registry.quality.check_pool` run checks in worker processes (``check_worker``), a
+  deadline per answer: what the evaluation runner and the canary analyser call
 - :mod:`registry.quality.results`  per-arm figures, pairwise comparison, the verdict
 - :mod:`registry.quality.models`   the tables (``regression_sets``, ``quality_policies``,
   ``evaluations``)

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from registry.quality.checks import run_checks
+from registry.quality.check_pool import CheckPool
 from registry.quality.results import ARMS, Answer, arm_stats, pairwise, verdict
 from registry.quality.service import RunPlan
 
@@ -133,7 +133,12 @@ async def ask(
 
 
 async def run_arms(
-    client: httpx.AsyncClient, cfg: RunConfig, key: str, plan: RunPlan, progress: Progress
+    client: httpx.AsyncClient,
+    cfg: RunConfig,
+    key: str,
+    plan: RunPlan,
+    progress: Progress,
+    checks: CheckPool,
 ) -> dict[str, list[Answer]]:
     """Every case for every arm that has a model; ``progress(done)`` after each request."""
     arms = [a for a in ARMS if plan.models.get(a)]
@@ -148,8 +153,8 @@ async def run_arms(
         assert model is not None
         async with gate:
             ans = await ask(client, cfg, key, model, case)
-        # off the loop: a regex may take up to its timeout
-        ans.checks = await asyncio.to_thread(run_checks, case.get("checks", []), ans.output)
+        # in a worker process, bounded by the pool's deadline per answer
+        ans.checks = await checks.run(case.get("checks", []), ans.output)
         out[arm][i] = ans
         done += 1
         await progress(done)
@@ -198,8 +203,13 @@ def build_result(plan: RunPlan, answers: dict[str, list[Answer]], cfg: RunConfig
 
 
 async def evaluate(
-    client: httpx.AsyncClient, cfg: RunConfig, key: str, plan: RunPlan, progress: Progress
+    client: httpx.AsyncClient,
+    cfg: RunConfig,
+    key: str,
+    plan: RunPlan,
+    progress: Progress,
+    checks: CheckPool,
 ) -> dict[str, Any]:
     await wait_for_key(client, cfg, key)
-    answers = await run_arms(client, cfg, key, plan, progress)
+    answers = await run_arms(client, cfg, key, plan, progress, checks)
     return build_result(plan, answers, cfg)

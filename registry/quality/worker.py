@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from kit.errors import LoraplaneError
 from registry.quality import service
+from registry.quality.check_pool import CheckPool
 from registry.quality.runner import GatewayUnreachable, KeyNotAccepted, RunConfig, evaluate
 from registry.quality.settings import EvaluatorSettings
 
@@ -59,6 +60,7 @@ class EvaluationWorker:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._claimer: asyncio.Task[None] | None = None
+        self._checks = CheckPool()
 
     def config(self) -> RunConfig:
         s = self.settings
@@ -136,6 +138,8 @@ class EvaluationWorker:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+        self._checks.close()
+        self._checks = CheckPool()  # idle (no process) until a restarted worker checks again
 
     async def _shutdown(self) -> None:
         for loop_task in (self._sweeper, self._claimer):
@@ -241,6 +245,6 @@ class EvaluationWorker:
             timeout = httpx.Timeout(cfg.request_timeout_s, connect=min(10.0, cfg.request_timeout_s))
             limits = httpx.Limits(max_connections=cfg.concurrency + 2)
             async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
-                return await evaluate(client, cfg, key, plan, report)
+                return await evaluate(client, cfg, key, plan, report, self._checks)
         finally:
             beat.cancel()

@@ -38,6 +38,7 @@ from registry.services.adapters import adapter_row, parse_version
 from registry.services.audit import record_change
 from registry.services.gates import check_promotable
 from registry.services.records import AdapterRecord
+from registry.services.rollback_chain import rollback_step
 from registry.services.staleness import mark_stale
 
 
@@ -77,17 +78,13 @@ class LockedAdapter:
 
     def rollback_target(self, start: VersionRow) -> VersionRow | None:
         """Follow ``rollback_to`` from ``start``, skipping disabled versions (cycle-safe)."""
-        seen = {start.number}
-        nxt = start.rollback_to
-        while nxt is not None and nxt not in seen:
-            seen.add(nxt)
-            cand = self.versions.get(nxt)
-            if cand is None:
-                return None
-            if cand.status != "disabled":
-                return cand
-            nxt = cand.rollback_to
-        return None
+
+        def link(n: int) -> tuple[str, int | None] | None:
+            v = self.versions.get(n)
+            return (v.status, v.rollback_to) if v is not None else None
+
+        back = rollback_step(start.number, link)
+        return self.versions[back] if back is not None else None
 
     def activate(
         self, target: VersionRow, *, retire: VersionRow | None, retire_status: str = "retired"

@@ -1,7 +1,7 @@
 """What several gateway processes must agree on about the replicas (SPEC §17), as one interface.
 
-Per replica the cluster keeps **residency records** (lora_name → state, the process that wrote
-it, when) and **in-flight marks** (which processes have requests in flight for an adapter
+Per replica the cluster keeps **residency facts** (``Residency``: lora_name → state, the process
+that wrote it, when) and **in-flight marks** (which processes have requests in flight for an adapter
 there, or are waiting for its load). Every process keeps its own copy of both for placement
 (refreshed every ``cluster_sync_s``: bounded staleness, no round trip per decision); the
 operations below are the atomic checks that make the copies safe to act on:
@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from router.placement.types import ResidencyState
+from router.placement.types import Residency, ResidencyState
 
 ClaimOutcome = Literal["present", "reserved", "full", "failed", "busy"]
 # States that occupy a slot of ``max_adapters`` (``failed`` does not).
@@ -40,21 +40,9 @@ OCCUPYING: frozenset[str] = frozenset({"staging", "loading", "resident", "unload
 
 
 @dataclass(frozen=True, slots=True)
-class SharedRecord:
-    """One adapter version's residency on one replica, as the cluster knows it."""
-
-    state: ResidencyState
-    pid: str  # the process that wrote it (owner of a load or unload in progress)
-    ts: float  # wall-clock seconds when it was written
-    failure: str = ""  # failed: why
-    retry_elsewhere: bool = True  # failed: whether another replica may succeed
-    reason: str = ""  # failed: message
-
-
-@dataclass(frozen=True, slots=True)
 class Claim:
     outcome: ClaimOutcome
-    record: SharedRecord | None = None  # present / failed: the record found
+    record: Residency | None = None  # present / failed: the record found
     evict: tuple[str, ...] = ()  # reserved: unload these first (marked unloading for us)
     busy: str = ""  # busy: which cap of loads in flight is reached (``replica`` | ``pool``)
 
@@ -72,7 +60,7 @@ class LoadCaps:
 class ReplicaShare:
     """The cluster's view of one replica: records, and live marks of *other* processes."""
 
-    records: dict[str, SharedRecord] = field(default_factory=dict)
+    records: dict[str, Residency] = field(default_factory=dict)
     remote_marks: dict[str, int] = field(default_factory=dict)  # lora_name → other live processes
 
 
@@ -117,7 +105,7 @@ class ClusterState(Protocol):
 
     async def drop(self, url: str, lora_name: str) -> None: ...
 
-    async def record(self, url: str, lora_name: str) -> SharedRecord | None: ...
+    async def record(self, url: str, lora_name: str) -> Residency | None: ...
 
     async def begin_unload(self, url: str, lora_name: str) -> bool: ...
 

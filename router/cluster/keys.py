@@ -37,3 +37,12 @@ class Keys:
     def loads(self, pool: str) -> str:
         """Loads in flight in a pool."""
         return f"{self.prefix}cl:loads:{pool}"
+
+    def demand(self, bucket: int) -> str:
+        """Requests per lora_name routed in one time bucket, every process (``board.py``)."""
+        return f"{self.prefix}cl:demand:{bucket}"
+
+    @property
+    def plan(self) -> str:
+        """The placement plan the chore leader published (``board.py``)."""
+        return f"{self.prefix}cl:plan"

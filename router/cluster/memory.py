@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from router.cluster.base import OCCUPYING, Claim, LoadCaps, ReplicaShare, SharedRecord
-from router.placement.types import ResidencyState
+from router.cluster.base import OCCUPYING, Claim, LoadCaps, ReplicaShare
+from router.placement.types import Residency, ResidencyState
 
 FAILED_TTL_S = 30.0
 GONE_TTL_S = 120.0  # how long an unload keeps stale poll answers from re-adding its record
@@ -28,7 +28,7 @@ class MemoryCluster:
     ) -> None:
         self.pid = pid
         self._wall = wall
-        self._records: dict[str, dict[str, SharedRecord]] = {}
+        self._records: dict[str, dict[str, Residency]] = {}
         # in-flight per (url, lora_name) in this process (``RedisCluster`` shares its own dict)
         self._marks: dict[tuple[str, str], int] = {} if counts is None else counts
         self._pool_loads: dict[str, set[tuple[str, str]]] = {}  # pool → loads in flight
@@ -47,14 +47,31 @@ class MemoryCluster:
     async def stop(self) -> None:
         return None
 
-    def _recs(self, url: str) -> dict[str, SharedRecord]:
+    def _recs(self, url: str) -> dict[str, Residency]:
         recs = self._records.get(url)
         if recs is None:
             recs = self._records[url] = {}
         return recs
 
-    def _put(self, url: str, lora_name: str, state: ResidencyState, **extra: str | bool) -> None:
-        self._recs(url)[lora_name] = SharedRecord(state, self.pid, self._wall(), **extra)  # type: ignore[arg-type]
+    def _put(
+        self,
+        url: str,
+        lora_name: str,
+        state: ResidencyState,
+        *,
+        failure: str = "",
+        retry_elsewhere: bool = True,
+        reason: str = "",
+    ) -> None:
+        self._recs(url)[lora_name] = Residency(
+            lora_name=lora_name,
+            state=state,
+            pid=self.pid,
+            ts=self._wall(),
+            failure=failure,
+            retry_elsewhere=retry_elsewhere,
+            reason=reason,
+        )
 
     def marks(self, url: str, lora_name: str) -> int:
         return self._marks.get((url, lora_name), 0)
@@ -140,7 +157,7 @@ class MemoryCluster:
         self._gone[(url, lora_name)] = self._wall()
         self._load_over(url, lora_name)
 
-    async def record(self, url: str, lora_name: str) -> SharedRecord | None:
+    async def record(self, url: str, lora_name: str) -> Residency | None:
         return self._recs(url).get(lora_name)
 
     async def begin_unload(self, url: str, lora_name: str) -> bool:

@@ -24,22 +24,23 @@ import redis.asyncio as aioredis
 
 from kit.aio import cancel_all
 from router.cluster import lua
-from router.cluster.base import Claim, LoadCaps, ReplicaShare, SharedRecord
+from router.cluster.base import Claim, LoadCaps, ReplicaShare
 from router.cluster.keys import Keys
 from router.cluster.liveness import REDIS_ERRORS, Liveness, new_pid
 from router.cluster.marks import RedisMarks
 from router.cluster.memory import GONE_TTL_S, NO_CAPS, MemoryCluster
-from router.placement.types import ResidencyState
+from router.placement.types import Residency, ResidencyState
 
 
-def parse_record(raw: bytes | str) -> SharedRecord | None:
+def parse_record(name: str, raw: bytes | str) -> Residency | None:
     try:
         d = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
     if not isinstance(d, dict) or not isinstance(d.get("state"), str):
         return None
-    return SharedRecord(
+    return Residency(
+        lora_name=name,
         state=d["state"],
         pid=str(d.get("pid") or ""),
         ts=float(d.get("ts") or 0.0),
@@ -147,7 +148,7 @@ class RedisCluster:
             return await self._local.claim(url, lora_name, max_adapters, candidates, since, caps)
         kind = _s(out[0])
         if kind in ("present", "failed"):
-            return Claim(kind, parse_record(out[1]))  # type: ignore[arg-type]
+            return Claim(kind, parse_record(lora_name, out[1]))  # type: ignore[arg-type]
         if kind == "full":
             return Claim("full")
         if kind == "busy":
@@ -203,7 +204,7 @@ class RedisCluster:
         except REDIS_ERRORS as exc:
             self._live.failed(exc)
 
-    async def record(self, url: str, lora_name: str) -> SharedRecord | None:
+    async def record(self, url: str, lora_name: str) -> Residency | None:
         if self._live.down:
             return await self._local.record(url, lora_name)
         try:
@@ -211,7 +212,7 @@ class RedisCluster:
         except REDIS_ERRORS as exc:
             self._live.failed(exc)
             return await self._local.record(url, lora_name)
-        return parse_record(raw) if raw else None
+        return parse_record(lora_name, raw) if raw else None
 
     async def begin_unload(self, url: str, lora_name: str) -> bool:
         if self._marks.in_flight(url, lora_name) > 0:
@@ -262,11 +263,11 @@ class RedisCluster:
         live = {_s(p) for p in out[0]}
         shares: dict[str, ReplicaShare] = {}
         for i, url in enumerate(urls):
-            recs: dict[str, SharedRecord] = {}
+            recs: dict[str, Residency] = {}
             for name, raw in out[1 + 2 * i].items():
-                rec = parse_record(raw)
+                rec = parse_record(_s(name), raw)
                 if rec is not None:
-                    recs[_s(name)] = rec
+                    recs[rec.lora_name] = rec
             remote: dict[str, int] = {}
             for f in out[2 + 2 * i]:
                 lora, _, pid = _s(f).rpartition("|")

@@ -4,13 +4,14 @@ The evictor's answer is final (``Decision.evict``): the runtime unloads exactly 
 so every rule about what may be unloaded lives here, as data read from the snapshot and the
 request (``tests/router/test_placement_evictors.py``):
 
-1. Only ``resident`` adapters with no request in flight (``Resident.inflight``: cluster-wide,
+1. Only ``resident`` adapters with no request in flight (``Residency.inflight``: cluster-wide,
    every gateway process) are candidates — never one loading, unloading or serving.
-2. Hot copies: a candidate whose eviction would leave fewer healthy, non-``failed`` copies of
-   its adapter than ``PlacementRequest.hot_targets[name]`` is passed over while another
-   candidate remains. When only such copies are left, a ``strict_hot`` request (a hot
-   prewarm) gets None — no room, so hot adapters never evict each other — and any other
-   request takes them (serving a live request wins; the prewarm restores the copy later).
+2. Kept copies: a candidate whose eviction would leave fewer healthy, non-``failed`` copies of
+   its adapter than ``PlacementRequest.hot_targets[name]`` (a hot adapter), or that the placement
+   plan puts on this replica (``PlacementRequest.plan[name]``), is passed over while another
+   candidate remains. When only such copies are left, a ``strict_hot`` request (a prewarm, a
+   load of the plan) gets None — no room, so kept copies never evict each other — and any other
+   request takes them (serving a live request wins; the plan or prewarm restores the copy).
 3. Among the rest, each evictor has its own order:
 
 | evictor              | unloads first                                                                      |
@@ -26,58 +27,59 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import ClassVar
 
-from router.placement.framework import PRESENT, Evictor, PickContext, Scorer, Summary
-from router.placement.types import ReplicaView, Resident
+from router.placement.framework import EvictionInput, Evictor
+from router.placement.types import Residency
 
 _LN2 = math.log(2.0)
 
 
-def keeps_hot_copy(ctx: PickContext, name: str) -> bool:
-    """Whether evicting one copy of ``name`` would leave fewer copies than its hot target
-    (copies: healthy replicas of the whole snapshot holding it in a state other than ``failed``)."""
-    want = ctx.request.hot_targets.get(name, 0)
-    if want <= 0:
-        return False
-    return ctx.healthy_copies(name) <= want
+def kept(inp: EvictionInput, name: str) -> bool:
+    """Whether the copy of ``name`` on ``inp.view`` is one to keep: planned there, or one whose
+    eviction would leave fewer copies than its hot target."""
+    planned = inp.request.plan.get(name)
+    if planned is not None and inp.view.url in planned:
+        return True
+    want = inp.request.hot_targets.get(name, 0)
+    return want > 0 and inp.healthy_copies(name) <= want
 
 
-def final_victims(ctx: PickContext, order: Iterable[str], need: int) -> tuple[str, ...] | None:
+def final_victims(inp: EvictionInput, order: Iterable[str], need: int) -> tuple[str, ...] | None:
     """The first ``need`` names of ``order`` (idle residents, preferred victims first) that are
-    not hot copies to keep; hot copies fill the rest unless ``ctx.request.strict_hot`` (None).
+    not copies to keep; kept copies fill the rest unless ``inp.request.strict_hot`` (None).
     ``order`` must hold at least ``need`` names."""
-    hot = ctx.request.hot_targets
+    req = inp.request
     chosen: list[str] = []
-    if not hot:
+    if not req.hot_targets and not req.plan:
         for name in order:
             chosen.append(name)
             if len(chosen) == need:
                 break
         return tuple(chosen)
-    kept: list[str] = []
+    spared: list[str] = []
     for name in order:
         if len(chosen) == need:
             break
-        if name in hot and keeps_hot_copy(ctx, name):
-            kept.append(name)
+        if kept(inp, name):
+            spared.append(name)
         else:
             chosen.append(name)
     if len(chosen) < need:
-        if ctx.request.strict_hot:
+        if req.strict_hot:
             return None
-        chosen.extend(kept[: need - len(chosen)])
+        chosen.extend(spared[: need - len(chosen)])
     return tuple(chosen)
 
 
 class LruIdleEvictor(Evictor):
-    """The least recently used idle residents, keeping hot copies (rules 1–2 of the module doc)."""
+    """The least recently used idle residents, keeping hot and planned copies (rules 1–2)."""
 
     name: ClassVar[str] = "lru-idle"
 
-    def victims(self, ctx: PickContext, index: int, need: int) -> tuple[str, ...] | None:
-        idle = ctx.sums[index].idle_lru
+    def victims(self, inp: EvictionInput, need: int) -> tuple[str, ...] | None:
+        idle = inp.idle_lru()
         if len(idle) < need:
             return None
-        return final_victims(ctx, (r.lora_name for r in idle), need)
+        return final_victims(inp, (r.lora_name for r in idle), need)
 
 
 class HotCopyEvictor(Evictor):
@@ -87,7 +89,7 @@ class HotCopyEvictor(Evictor):
     max_num_seqs (a copy of a hot adapter that is momentarily idle here) is passed over while
     enough colder idle adapters exist; at most ``scan`` candidates (in :meth:`ranked` order) are
     examined for that. Candidates are ranked least recently used first; subclasses change
-    :meth:`ranked`. Hot copies (``hot_targets``) are kept as in :func:`final_victims`.
+    :meth:`ranked`. Hot and planned copies are kept as in :func:`final_victims`.
     """
 
     name: ClassVar[str] = "lru-idle-keep-hot"
@@ -96,28 +98,23 @@ class HotCopyEvictor(Evictor):
         self.low_water = low_water
         self.scan = scan
 
-    def ranked(self, ctx: PickContext, index: int) -> Sequence[Resident]:
+    def ranked(self, inp: EvictionInput) -> Sequence[Residency]:
         """The replica's idle residents, preferred victims first."""
-        return ctx.sums[index].idle_lru
+        return inp.idle_lru()
 
-    def victims(self, ctx: PickContext, index: int, need: int) -> tuple[str, ...] | None:
-        idle = ctx.sums[index].idle_lru
-        if len(idle) < need:
+    def victims(self, inp: EvictionInput, need: int) -> tuple[str, ...] | None:
+        if len(inp.idle_lru()) < need:
             return None
-        ranked = self.ranked(ctx, index)
-        view = ctx.replicas[index]
-        cap = view.max_num_seqs if view.max_num_seqs > 0 else 1
-        return final_victims(ctx, self._order(ctx, ranked, cap), need)
+        cap = inp.view.max_num_seqs if inp.view.max_num_seqs > 0 else 1
+        return final_victims(inp, self._order(inp, self.ranked(inp), cap), need)
 
-    def _order(self, ctx: PickContext, ranked: Sequence[Resident], cap: int) -> Iterator[str]:
+    def _order(self, inp: EvictionInput, ranked: Sequence[Residency], cap: int) -> Iterator[str]:
         """The cold candidates among the first ``scan`` (demand computed lazily, one adapter at
         a time), then every other candidate in ranked order."""
         taken: set[str] = set()
         for r in ranked[: self.scan]:
             name = r.lora_name
-            # Σ in-flight of this adapter over every replica of the snapshot holding it.
-            demand = ctx.adapter_inflight(name)
-            if not demand / cap >= self.low_water:
+            if not inp.adapter_inflight(name) / cap >= self.low_water:
                 taken.add(name)
                 yield name
         for r in ranked:
@@ -131,12 +128,12 @@ class CostAwareEvictor(HotCopyEvictor):
 
     value = max(1, requests) × 2^(−idle / half_life_s) × (load_fixed_s + size_bytes / load_bytes_per_s)
 
-    ``requests`` (``Resident.requests``) is how often the adapter was asked for, ``idle`` =
+    ``requests`` (``Residency.requests``) is how often the adapter was asked for, ``idle`` =
     now − ``last_used`` (≥ 0) decays that count — an adapter popular long ago loses its place —
     and the last factor is the time a reload would take, so with equal demand a large adapter is
     kept over a small one (a registration slot holds one adapter whatever its size: the size
     counts as reload cost, not as space). Lowest value first; ties in LRU order. Copies of
-    adapters in demand elsewhere and hot copies are kept as by :class:`HotCopyEvictor`.
+    adapters in demand elsewhere, hot and planned copies are kept as by :class:`HotCopyEvictor`.
     """
 
     name: ClassVar[str] = "cost-aware-keep-hot"
@@ -156,7 +153,7 @@ class CostAwareEvictor(HotCopyEvictor):
         self.load_fixed_s = load_fixed_s
         self.load_bytes_per_s = load_bytes_per_s
 
-    def value(self, r: Resident, now: float) -> float:
+    def value(self, r: Residency, now: float) -> float:
         """Expected cost of evicting ``r`` at ``now`` (seconds of reload, weighted by demand)."""
         idle = now - r.last_used
         if not idle > 0.0:  # used "in the future" (clock skew between processes), or NaN
@@ -166,119 +163,26 @@ class CostAwareEvictor(HotCopyEvictor):
         cost = self.load_fixed_s + (r.size_bytes if r.size_bytes > 0 else 0) / self.load_bytes_per_s
         return count * decay * cost
 
-    def ranked(self, ctx: PickContext, index: int) -> Sequence[Resident]:
-        idle = ctx.sums[index].idle_lru  # LRU order: a stable sort keeps it among equal values
-        now = ctx.now
+    def ranked(self, inp: EvictionInput) -> Sequence[Residency]:
+        now = inp.now
         value = self.value
-        return sorted(idle, key=lambda r: value(r, now))
+        # LRU order in: a stable sort keeps it among equal values
+        return sorted(inp.idle_lru(), key=lambda r: value(r, now))
 
-
-class EvictionCostScorer(Scorer):
-    """Prefers replicas where making room is cheap, as :class:`CostAwareEvictor` prices it.
-
-    | replica                                                        | score                          |
-    |----------------------------------------------------------------|--------------------------------|
-    | A present (staging/loading/resident) or base-model request     | 1.0                            |
-    | fewer than max_adapters registered (free slot)                 | 1.0                            |
-    | at max_adapters, cheapest idle adapter of eviction value ``v`` | 0.1 + (t − 0.1) / (1 + v/(c·s)) |
-    | at max_adapters, nothing idle to evict                         | 0.0                            |
-
-    ``v`` is the evictor's :meth:`CostAwareEvictor.value` of the replica's cheapest idle
-    adapter at the start of the current second, ``floor(now)`` (requests × recency decay ×
-    reload time; the score is memoised per view and second, so a pick costs one lookup per
-    replica, and a price moves by under 1 % within a second), ``c`` its ``load_fixed_s`` (the
-    price of one cold request), ``s`` = ``scale`` and ``t`` = ``top`` (< 1: a free slot is
-    preferred to any eviction). The cheapest adapter is found once per
-    view (memoised): all values decay at the same rate, so which one is cheapest does not
-    change with ``now`` (the highest of ``log(max(1, requests) × reload time) + last_used ×
-    ln 2 / half_life_s``, first in LRU order among equals, NaN ``last_used`` first). So a new
-    adapter evicts where it destroys least — the replicas together act like one cache, as in
-    the offline bound of ``benchmarks/bounds.py`` — instead of where the least recently used
-    adapter happens to be (``free-slot``).
-    """
-
-    bounded: ClassVar[bool] = True
-    name: ClassVar[str] = "eviction-cost"
-    reads: ClassVar[frozenset[str]] = frozenset({"residents", "max_adapters"})
-
-    def __init__(self, evictor: CostAwareEvictor | None = None, scale: float = 0.3, top: float = 0.8) -> None:
-        if not 0 < scale < math.inf or not 0.1 <= top <= 1.0:
-            raise ValueError("scale must be > 0 and finite, top in [0.1, 1]")
-        self.evictor = evictor or CostAwareEvictor()
-        self.scale = scale
-        self.top = top
-        ev = self.evictor
-        self._key = f"cheapest:{ev.half_life_s!r}:{ev.load_fixed_s!r}:{ev.load_bytes_per_s!r}"
-        self._skey = f"eviction-cost:{scale!r}:{top!r}:{self._key}"
-
-    def cheapest(self, view: ReplicaView, s: Summary) -> Resident | None:
-        """The idle resident of ``view`` that costs least to evict at any time (memoised)."""
-        d = view.derived
-        key = self._key
-        if key in d:
-            return d[key]  # type: ignore[no-any-return]
-        best: Resident | None = None
-        low = math.inf
-        key_of = self.key_of
-        for r in s.idle_lru:
-            k = key_of(r)
-            if best is None or k < low:
-                best, low = r, k
-        d[key] = best
-        return best
-
-    def key_of(self, r: Resident) -> float:
-        """``log(max(1, requests) × reload time) + last_used × ln 2 / half_life_s`` (-inf for a
-        NaN ``last_used``): the evictor's value at any ``now`` ≥ last_used is ``exp(key − now ×
-        ln 2 / half_life_s)``, so the lowest key is the cheapest idle adapter at every time."""
-        ev = self.evictor
-        count = r.requests if r.requests > 1 else 1
-        cost = ev.load_fixed_s + (r.size_bytes if r.size_bytes > 0 else 0) / ev.load_bytes_per_s
-        k = math.log(count * cost) if cost > 0 else -math.inf
-        lu = r.last_used
-        return -math.inf if lu != lu else k + lu * (_LN2 / ev.half_life_s)
-
-    @staticmethod
-    def bucket(now: float) -> float | None:
-        """The second ``now`` falls in (``floor(now)``: exact, ``bucket <= now < bucket + 1``),
-        or None for a non-finite ``now`` (priced as is, not memoised)."""
-        return float(math.floor(now)) if math.isfinite(now) else None
-
-    def slot_score(self, view: ReplicaView, s: Summary, now: float) -> float:
-        """The score of ``view`` (summary ``s``) for an adapter not present there."""
-        if s.free:
-            return 1.0
-        r = self.cheapest(view, s)
-        if r is None:
-            return 0.0
-        q = self.bucket(now)
-        if q is None:
-            return self._price(r, now)
-        d = view.derived
-        memo = d.get(self._skey)
-        if memo is not None and memo[0] == q:
-            return memo[1]  # type: ignore[no-any-return]
-        score = self._price(r, q)
-        d[self._skey] = (q, score)
-        return score
-
-    def _price(self, r: Resident, at: float) -> float:
-        ev = self.evictor
-        v = ev.value(r, at)
-        c = ev.load_fixed_s if ev.load_fixed_s > 0 else 1.0
-        return 0.1 + (self.top - 0.1) / (1.0 + v / (c * self.scale))
-
-    def score(self, ctx: PickContext) -> list[float]:
-        n = len(ctx.replicas)
-        if ctx.request.lora_name is None:
-            return [1.0] * n
-        now = ctx.now
-        slot = self.slot_score
-        out = [slot(v, s, now) for v, s in zip(ctx.replicas, ctx.sums, strict=True)]
-        for i, t in ctx.held.items():
-            if t.state in PRESENT:
-                out[i] = 1.0
-        return out
+    def cheapest(self, inp: EvictionInput) -> float:
+        """The value of the cheapest idle adapter of ``inp.view`` that is not a kept copy (a
+        kept one when nothing else is idle); +inf when nothing is idle. What making room there
+        destroys, in the default policy's cost model (``router.placement.costs``)."""
+        best = math.inf
+        spare = math.inf
+        now = inp.now
+        for r in inp.idle_lru():
+            v = self.value(r, now)
+            if kept(inp, r.lora_name):
+                spare = min(spare, v)
+            else:
+                best = min(best, v)
+        return best if best < math.inf else spare
 
 
 EVICTORS: dict[str, type[Evictor]] = {

@@ -23,9 +23,10 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
-from router.placement.types import Action, Decision, PlacementRequest, ReplicaView, Resident, Scores
+from router.placement.tiers import tier_of
+from router.placement.types import Action, Decision, PlacementRequest, ReplicaView, Residency, Scores
 
 # Residency states that hold a registration slot on the replica (count towards max_adapters).
 OCCUPYING = frozenset({"staging", "loading", "resident", "unloading"})
@@ -69,7 +70,7 @@ class Summary:
         self,
         occupied: int,
         running: int,
-        idle: list[Resident],
+        idle: list[Residency],
         load: float,
         free: bool,
         room: float,
@@ -81,7 +82,7 @@ class Summary:
         self.occupied = occupied
         self.running = running
         self._idle = idle  # idle residents, unordered (sorted on first use of idle_lru)
-        self._idle_lru: tuple[Resident, ...] | None = None
+        self._idle_lru: tuple[Residency, ...] | None = None
         self.load = load
         self.free = free
         self.room = room
@@ -91,8 +92,8 @@ class Summary:
         self.cap = cap
 
     @property
-    def idle_lru(self) -> tuple[Resident, ...]:
-        """Resident adapters with no in-flight request, oldest first (ties: by name).
+    def idle_lru(self) -> tuple[Residency, ...]:
+        """``resident`` adapters with no in-flight request, oldest first (ties: by name).
 
         Sorted on first use: only the chosen replica of an eviction needs the order."""
         lru = self._idle_lru
@@ -115,7 +116,7 @@ def summary(view: ReplicaView) -> Summary:
         return cached  # type: ignore[no-any-return]
     occupied = 0
     running = 0
-    idle: list[Resident] = []
+    idle: list[Residency] = []
     occupying = OCCUPYING
     for r in view.residents.values():
         if r.state in occupying:
@@ -167,16 +168,16 @@ class PickContext:
         self.all_replicas = replicas  # the whole snapshot, before any filter
         self.replicas = replicas  # the candidates left by the filters so far
         self.now = now
-        # index → the requested adapter's Resident record, for the replicas that have one
+        # index → the requested adapter's Residency, for the replicas that have one
         # (usually few; base-model requests: none).
         name = request.lora_name
-        self.held: dict[int, Resident] = (
+        self.held: dict[int, Residency] = (
             {i: r for i, v in enumerate(replicas) if (r := v.residents.get(name)) is not None}
             if name is not None
             else {}
         )
         self._sums: list[Summary] | None = None
-        self._maps: list[dict[str, Resident]] | None = None
+        self._maps: list[dict[str, Residency]] | None = None
 
     def adapter_inflight(self, name: str) -> int:
         """In-flight requests of adapter ``name`` summed over every replica of the snapshot
@@ -198,8 +199,8 @@ class PickContext:
         return copies
 
     @property
-    def targets(self) -> list[Resident | None]:
-        """The adapter's Resident record on each candidate (None where absent)."""
+    def targets(self) -> list[Residency | None]:
+        """The adapter's Residency on each candidate (None where absent)."""
         held = self.held
         return [held.get(i) for i in range(len(self.replicas))]
 
@@ -215,7 +216,7 @@ class PickContext:
         """Keep only the replicas at indices ``keep`` (used between filters)."""
         self.replicas = [self.replicas[i] for i in keep]
         if self.held:  # keep is sorted: map the few held indices by bisection
-            held: dict[int, Resident] = {}
+            held: dict[int, Residency] = {}
             for i, r in self.held.items():
                 j = bisect_left(keep, i)
                 if j < len(keep) and keep[j] == i:
@@ -258,24 +259,66 @@ class Picker:
         raise NotImplementedError
 
 
+class EvictionInput(Protocol):
+    """What an evictor reads: the request, the chosen replica, and counts over the snapshot."""
+
+    request: PlacementRequest
+    now: float
+    view: ReplicaView
+
+    def idle_lru(self) -> Sequence[Residency]:
+        """The chosen replica's idle ``resident`` adapters, least recently used first."""
+        ...
+
+    def adapter_inflight(self, name: str) -> int:
+        """In-flight requests of ``name`` summed over the snapshot's replicas holding it."""
+        ...
+
+    def healthy_copies(self, name: str) -> int:
+        """Healthy replicas of the snapshot holding ``name`` in a state other than ``failed``."""
+        ...
+
+
+class Chosen:
+    """:class:`EvictionInput` for ``ctx.replicas[index]`` of a pipeline pick."""
+
+    __slots__ = ("_ctx", "_index", "now", "request", "view")
+
+    def __init__(self, ctx: PickContext, index: int) -> None:
+        self._ctx = ctx
+        self._index = index
+        self.request = ctx.request
+        self.now = ctx.now
+        self.view = ctx.replicas[index]
+
+    def idle_lru(self) -> Sequence[Residency]:
+        return self._ctx.sums[self._index].idle_lru
+
+    def adapter_inflight(self, name: str) -> int:
+        return self._ctx.adapter_inflight(name)
+
+    def healthy_copies(self, name: str) -> int:
+        return self._ctx.healthy_copies(name)
+
+
 class Evictor:
     """Chooses which adapters to unload from the chosen replica when it is at ``max_adapters``.
 
     The base version takes the least recently used idle residents (never one with in-flight
-    requests, never one still loading). Subclasses can protect some (hysteresis of replicas).
+    requests, never one still loading). Subclasses (``evictors.py``) keep hot and planned copies.
     """
 
-    name: ClassVar[str] = "lru-idle"
+    name: ClassVar[str] = "lru-idle-plain"
 
-    def victims(self, ctx: PickContext, index: int, need: int) -> tuple[str, ...] | None:
-        """``need`` lora_names to unload from ``ctx.replicas[index]``, or None if impossible."""
-        idle = ctx.sums[index].idle_lru
+    def victims(self, inp: EvictionInput, need: int) -> tuple[str, ...] | None:
+        """``need`` lora_names to unload from ``inp.view``, or None if impossible."""
+        idle = inp.idle_lru()
         if len(idle) < need:
             return None
         return tuple(r.lora_name for r in idle[:need])
 
 
-def can_host(view: ReplicaView, target: Resident | None, s: Summary | None = None) -> bool:
+def can_host(view: ReplicaView, target: Residency | None, s: Summary | None = None) -> bool:
     """True when ``view`` holds the adapter already or can register one more (maybe by eviction)."""
     if target is not None and target.state in PRESENT:
         return True
@@ -382,14 +425,16 @@ class SchedulerProfile:
                     break
         action: Action = "replicate" if elsewhere else "load"
         need = ctx.sums[index].occupied - view.max_adapters + 1
-        victims = self.evictor.victims(ctx, index, need) if need > 0 else ()
+        victims = self.evictor.victims(Chosen(ctx, index), need) if need > 0 else ()
         return load_decision(view, action, victims, scores)
 
 
-def hit_decision(view: ReplicaView, target: Resident, scores: Mapping[str, float]) -> Decision:
+def hit_decision(view: ReplicaView, target: Residency, scores: Mapping[str, float]) -> Decision:
     """The decision for a replica where the adapter is present (``target.state`` in PRESENT)."""
     reason = "resident" if target.state == "resident" else f"joining {target.state}"
-    return Decision(replica=view.url, action="hit", scores=scores, reason=reason)
+    return Decision(
+        replica=view.url, action="hit", scores=scores, reason=reason, tier=tier_of(view, target.lora_name)
+    )
 
 
 def load_decision(
@@ -405,4 +450,4 @@ def load_decision(
             reason=f"{view.url} is at max_adapters with no idle adapter to evict",
         )
     reason = f"{action}; evict {','.join(victims)}" if victims else action
-    return Decision(replica=view.url, action=action, evict=victims, scores=scores, reason=reason)
+    return Decision(replica=view.url, action=action, evict=victims, scores=scores, reason=reason, tier="load")

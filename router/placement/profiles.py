@@ -1,21 +1,24 @@
 """Named placement profiles and ``make_profile`` (selection by configuration).
 
-``make_profile(name, **params)`` returns a fresh :class:`SchedulerProfile` (each instance holds
-its own RNG / round-robin counter). Profiles:
+``make_profile(name, **params)`` returns a fresh profile (each instance holds its own RNG /
+round-robin counter). Profiles:
 
-- ``default`` — loraplane's policy: resident affinity with demand-driven replication and
-  hysteresis, running-set (max_loras) awareness, free registration slots then the cheapest
-  eviction (``eviction-cost``), load; cost-aware eviction (frequency × recency × reload time).
+- ``default`` — loraplane's policy (``default.py``): the lowest expected cost in seconds over a
+  few candidates (tier the adapter comes from, cold load and what it evicts, running-set
+  deferral, load, cached prefix, the placement plan); cost-aware eviction. One implementation.
 - ``round-robin``, ``least-request``, ``random`` — baselines.
 - ``gie-lora-affinity`` — the Gateway API Inference Extension's lora-affinity + queue +
   kv-cache scorers, max-score picker with random tie-break.
+- ``llm-d`` — the llm-d router's default scorers: queue, KV-cache utilisation, prefix cache
+  (keyed by adapter) and LoRA affinity.
 - ``custom`` — any pipeline from the plugin registries: ``filters=[...]``,
   ``scorers=[[name, weight, {params}], ...]``, ``picker=name`` or ``[name, {params}]``,
   ``evictor=name`` or ``[name, {params}]``.
 
-All baselines use the same filters (healthy, exclude, can-host) and the same LRU idle eviction
-(``lru-idle``, which like every evictor keeps hot copies: ``router/placement/evictors.py``), so
-benchmarks compare placement, not eviction.
+The other profiles run the plugin pipeline (``framework.py``). All baselines use the same filters
+(healthy, exclude, can-host) and the same LRU idle eviction (``lru-idle``, which like every
+evictor keeps hot and planned copies: ``router/placement/evictors.py``), so benchmarks compare
+placement, not eviction.
 """
 
 from __future__ import annotations
@@ -24,16 +27,11 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from router.placement.evictors import (
-    EVICTORS,
-    CostAwareEvictor,
-    EvictionCostScorer,
-    HotCopyEvictor,
-    LruIdleEvictor,
-)
+from router.placement.costs import CostModel
+from router.placement.default import DefaultPolicy
+from router.placement.evictors import EVICTORS, LruIdleEvictor
 from router.placement.filters import FILTERS, CanHostFilter, ExcludeFilter, HealthyFilter
 from router.placement.framework import Evictor, Filter, Picker, SchedulerProfile, Scorer
-from router.placement.fused import DefaultProfile
 from router.placement.pickers import (
     PICKERS,
     MaxScorePicker,
@@ -43,72 +41,33 @@ from router.placement.pickers import (
 )
 from router.placement.scorers import (
     SCORERS,
-    FreeSlotScorer,
     GieLoraAffinityScorer,
     KvCacheScorer,
     LeastRequestScorer,
-    LoadScorer,
+    PrefixCacheScorer,
     QueueScorer,
-    ResidencyAffinityScorer,
-    RunningSetScorer,
 )
+from router.placement.types import Profile
 
 
 def _filters() -> list[Filter]:
     return [HealthyFilter(), ExcludeFilter(), CanHostFilter()]
 
 
-DEFAULT_WEIGHTS: dict[str, float] = {
-    "resident-affinity": 3.0,
-    "running-set": 2.0,
-    "eviction-cost": 2.0,  # with the cost-aware evictor (the default)
-    "free-slot": 1.0,  # with any other evictor, in eviction-cost's place
-    "load": 1.0,
-}
-DEFAULT_EVICTOR = "cost-aware-keep-hot"
-
-
 def default_profile(
-    *,
-    weights: Mapping[str, float] | None = None,
-    high_water: float = 0.75,
-    adapter_high: float = 0.25,
-    low_water: float = 0.05,
-    idle_horizon_s: float = 60.0,
-    evictor: Any = DEFAULT_EVICTOR,
-) -> SchedulerProfile:
-    """loraplane's default policy (see README.md for the tables).
-
-    ``evictor`` names a registered evictor (``name`` or ``[name, {params}]``); the keep-hot ones
-    take the profile's ``low_water`` unless their params set it. With ``cost-aware-keep-hot`` the
-    third scorer is ``eviction-cost`` (pricing evictions as that evictor does), with any other
-    ``free-slot`` (``idle_horizon_s``); ``weights`` may name both, the one not used is ignored."""
-    w = dict(DEFAULT_WEIGHTS)
-    if weights:
-        unknown = set(weights) - set(w)
-        if unknown:
-            raise ValueError(f"unknown scorer weights for the default profile: {sorted(unknown)}")
-        w.update({k: float(v) for k, v in weights.items()})
-    if isinstance(evictor, str):
-        evictor = [evictor, {}]
-    if isinstance(evictor, list | tuple) and evictor and isinstance(evictor[0], str):
-        cls = EVICTORS.get(evictor[0])
-        params = evictor[-1] if len(evictor) > 1 and isinstance(evictor[-1], dict) else {}
-        if cls is not None and issubclass(cls, HotCopyEvictor) and "low_water" not in params:
-            evictor = [evictor[0], {**params, "low_water": low_water}]
-    ev: Evictor = _plugin(EVICTORS, "evictor", evictor)[0]
-    slot: tuple[Scorer, float] = (
-        (EvictionCostScorer(ev), w["eviction-cost"])
-        if isinstance(ev, CostAwareEvictor)
-        else (FreeSlotScorer(idle_horizon_s), w["free-slot"])
-    )
-    scorers: list[tuple[Scorer, float]] = [
-        (ResidencyAffinityScorer(high_water, adapter_high, low_water), w["resident-affinity"]),
-        (RunningSetScorer(), w["running-set"]),
-        slot,
-        (LoadScorer(), w["load"]),
-    ]
-    return DefaultProfile("default", _filters(), scorers, MaxScorePicker(), ev)
+    *, evictor: Any = "cost-aware-keep-hot", choices: int = 4, holders: int = 8, **params: Any
+) -> DefaultPolicy:
+    """loraplane's default policy (``default.py``; README.md has the cost table): the cost
+    model's fields (``CostModel``), ``choices``, ``holders`` and ``evictor`` (a name or
+    ``[name, {params}]`` of the registered evictors)."""
+    costs, rest = CostModel.from_params(dict(params))
+    if rest:
+        raise ValueError(f"unknown parameters for the default profile: {sorted(rest)}")
+    for k, v in (("choices", choices), ("holders", holders)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"default profile: {k} must be an integer >= 1, got {v!r}")
+    ev: Evictor = plugin(EVICTORS, "evictor", evictor)[0]
+    return DefaultPolicy(costs, ev, choices=choices, holders=holders)
 
 
 def round_robin_profile() -> SchedulerProfile:
@@ -144,11 +103,27 @@ def gie_profile(
     )
 
 
-# The scorer registry plus eviction-cost (defined with the evictor whose prices it reads).
-_SCORERS: dict[str, type[Scorer]] = {**SCORERS, EvictionCostScorer.name: EvictionCostScorer}
+def llm_d_profile(
+    *,
+    seed: int | None = 0,
+    queue_weight: float = 2.0,
+    kv_weight: float = 2.0,
+    prefix_weight: float = 3.0,
+    lora_weight: float = 1.0,
+) -> SchedulerProfile:
+    """The llm-d router's default scorer set: queue (2) + KV-cache utilisation (2) + prefix
+    cache (3, the prefix hashed with the adapter's name) + LoRA affinity (1); max-score picker
+    with random tie-break."""
+    scorers: list[tuple[Scorer, float]] = [
+        (QueueScorer(), queue_weight),
+        (KvCacheScorer(), kv_weight),
+        (PrefixCacheScorer(), prefix_weight),
+        (GieLoraAffinityScorer(), lora_weight),
+    ]
+    return SchedulerProfile("llm-d", _filters(), scorers, MaxScoreRandomTiePicker(seed), LruIdleEvictor())
 
 
-def _plugin(registry: Mapping[str, type[Any]], kind: str, spec: Any) -> tuple[Any, list[Any]]:
+def plugin(registry: Mapping[str, type[Any]], kind: str, spec: Any) -> tuple[Any, list[Any]]:
     """Parse ``name`` | ``[name, ...rest]`` into (instance from ``registry``, rest)."""
     rest: list[Any] = []
     params: dict[str, Any]
@@ -178,32 +153,33 @@ def custom_profile(
     name: str = "custom",
 ) -> SchedulerProfile:
     """A pipeline assembled from the plugin registries (FILTERS, SCORERS, PICKERS, EVICTORS)."""
-    fs = [_plugin(FILTERS, "filter", f)[0] for f in (filters or ["healthy", "exclude", "can-host"])]
+    fs = [plugin(FILTERS, "filter", f)[0] for f in (filters or ["healthy", "exclude", "can-host"])]
     if not any(isinstance(f, CanHostFilter) for f in fs):
         fs.append(CanHostFilter())  # never evict an adapter with requests in flight
     ss: list[tuple[Scorer, float]] = []
     for spec in scorers or []:
-        scorer, rest = _plugin(_SCORERS, "scorer", spec)
+        scorer, rest = plugin(SCORERS, "scorer", spec)
         weight = float(rest[0]) if rest else 1.0
         ss.append((scorer, weight))
-    pk: Picker = _plugin(PICKERS, "picker", picker)[0]
-    ev: Evictor = _plugin(EVICTORS, "evictor", evictor)[0]
+    pk: Picker = plugin(PICKERS, "picker", picker)[0]
+    ev: Evictor = plugin(EVICTORS, "evictor", evictor)[0]
     return SchedulerProfile(name, fs, ss, pk, ev)
 
 
-PROFILES: dict[str, Callable[..., SchedulerProfile]] = {
+PROFILES: dict[str, Callable[..., Profile]] = {
     "default": default_profile,
     "round-robin": round_robin_profile,
     "least-request": least_request_profile,
     "random": random_profile,
     "gie-lora-affinity": gie_profile,
+    "llm-d": llm_d_profile,
     "custom": custom_profile,
 }
 
-BASELINES = ("round-robin", "least-request", "random", "gie-lora-affinity")
+BASELINES = ("round-robin", "least-request", "random", "gie-lora-affinity", "llm-d")
 
 
-def make_profile(name: str, **params: Any) -> SchedulerProfile:
+def make_profile(name: str, **params: Any) -> Profile:
     """A fresh instance of the profile ``name`` with ``params`` (ValueError on unknown/bad ones)."""
     factory = PROFILES.get(name)
     if factory is None:
@@ -214,7 +190,7 @@ def make_profile(name: str, **params: Any) -> SchedulerProfile:
         raise ValueError(f"bad parameters for placement profile {name!r}: {exc}") from None
 
 
-def profile_from_config(name: str, params: str | Mapping[str, Any] | None = None) -> SchedulerProfile:
+def profile_from_config(name: str, params: str | Mapping[str, Any] | None = None) -> Profile:
     """``make_profile`` from settings: ``params`` may be a JSON object string, a mapping or None."""
     if params is None or params == "":
         parsed: dict[str, Any] = {}

@@ -8,117 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from router.placement.framework import PRESENT, PickContext, Scorer, Summary, summary
-from router.placement.types import ReplicaView, Resident
-
-
-def _frac(x: int, cap: int) -> float:
-    return x / cap if cap > 0 else float(x > 0)
-
-
-def saturated_for(
-    view: ReplicaView,
-    target: Resident | None,
-    high_water: float,
-    adapter_high: float,
-    s: Summary | None = None,
-) -> bool:
-    """True when sending one more request for ``target``'s adapter to ``view`` would queue it.
-
-    Saturated: replica load ≥ ``high_water``, or the adapter's own in-flight there ≥
-    ``adapter_high`` × max_num_seqs, or the adapter is not running there while the replica's
-    running set is full (vLLM would defer it behind ``max_loras`` other adapters).
-    """
-    if s is None:
-        s = summary(view)
-    if s.load >= high_water:
-        return True
-    inflight = target.inflight if target is not None else 0
-    if inflight > 0:
-        return _frac(inflight, view.max_num_seqs) >= adapter_high
-    return s.running >= view.max_loras
-
-
-class ResidencyAffinityScorer(Scorer):
-    """Affinity to replicas that hold the adapter, with demand-driven replication + hysteresis.
-
-    | replica                                                              | score |
-    |----------------------------------------------------------------------|-------|
-    | A resident, not saturated (spreading, or the primary copy)           | 1.0   |
-    | A staging/loading there (join the load in flight), not saturated     | 0.9   |
-    | A resident, not saturated, consolidating (demand < low water), extra | 0.6   |
-    | A held but saturated, another holder is not                          | 0.3   |
-    | A held, every holder saturated, some other replica is not → replicate| 0.0   |
-    | A held, every replica saturated (replicating would not help)         | 1.0   |
-    | A not held / base-model request                                      | 0.0   |
-
-    *Saturated* is :func:`saturated_for`. *Demand* is A's in-flight summed over its holders as
-    a fraction of max_num_seqs; with two or more copies, requests spread over them while demand
-    ≥ ``low_water``, and below it they consolidate on the primary copy (most in-flight for A,
-    then most recently used) so the extra copies go idle and become evictable. A copy is only
-    added above ``high_water`` and only drained below ``low_water``: no flapping in between.
-    """
-
-    bounded: ClassVar[bool] = True
-    name: ClassVar[str] = "resident-affinity"
-    reads: ClassVar[frozenset[str]] = frozenset(
-        {"residents", "inflight", "waiting", "max_num_seqs", "max_loras"}
-    )
-
-    def __init__(self, high_water: float = 0.75, adapter_high: float = 0.25, low_water: float = 0.05) -> None:
-        if not 0.0 <= low_water <= high_water:
-            raise ValueError("need 0 <= low_water <= high_water")
-        self.high_water = high_water
-        self.adapter_high = adapter_high
-        self.low_water = low_water
-
-    def score(self, ctx: PickContext) -> list[float]:
-        n = len(ctx.replicas)
-        out = [0.0] * n
-        targets = ctx.held
-        if not targets:
-            return out
-        present = PRESENT
-        sums = ctx.sums
-        hw, ah = self.high_water, self.adapter_high
-        # One pass over the copies (a hot adapter can have many): saturation (saturated_for(),
-        # inlined) and total demand.
-        free: list[int] = []
-        saturated: list[int] = []
-        demand = 0
-        for i, t in targets.items():
-            if t.state not in present:
-                continue
-            s = sums[i]
-            f = t.inflight
-            demand += f
-            if s.load >= hw or ((f / s.cap >= ah) if f else s.full):
-                saturated.append(i)
-            else:
-                free.append(i)
-        if not free:
-            if not saturated:
-                return out
-            held = targets.keys()
-            if any(not (s.load >= hw or s.full) for i, s in enumerate(sums) if i not in held):
-                return out  # every copy saturated, another replica is not: replicate
-            for i in saturated:
-                out[i] = 1.0
-            return out
-        for i in saturated:
-            out[i] = 0.3
-        if len(free) + len(saturated) > 1 and demand / sums[free[0]].cap < self.low_water:
-            # Consolidate on the primary copy: most in-flight, then most recently used.
-            primary = max((targets[i].inflight, targets[i].last_used, -i) for i in free + saturated)
-            p = -primary[2]
-            for i in free:
-                out[i] = 0.6
-            if p in free:
-                out[p] = 1.0 if targets[p].state == "resident" else 0.9
-            return out
-        for i in free:
-            out[i] = 1.0 if targets[i].state == "resident" else 0.9
-        return out
+from router.placement.framework import PRESENT, PickContext, Scorer
 
 
 class RunningSetScorer(Scorer):
@@ -311,6 +201,30 @@ class GieLoraAffinityScorer(Scorer):
         return out
 
 
+class PrefixCacheScorer(Scorer):
+    """The approximate prefix-cache scorer of GIE / llm-d, keyed by adapter: the share of the
+    request's prompt that the router's prefix index says the replica has cached *for this
+    adapter* (vLLM keys its prefix cache by ``lora_name``; the index seeds its block hashes
+    with it).
+
+    | replica | score                                                       |
+    |---------|-------------------------------------------------------------|
+    | any     | cached prompt tokens there / prompt tokens (0 when unknown) |
+    """
+
+    bounded: ClassVar[bool] = True
+    name: ClassVar[str] = "prefix-cache"
+    reads: ClassVar[frozenset[str]] = frozenset({"url"})
+
+    def score(self, ctx: PickContext) -> list[float]:
+        req = ctx.request
+        total = req.prompt_tokens
+        prefix = req.prefix
+        if total <= 0 or not prefix:
+            return [0.0] * len(ctx.replicas)
+        return [min(1.0, prefix.get(v.url, 0) / total) for v in ctx.replicas]
+
+
 def _minmax_low_is_best(values: list[int]) -> list[float]:
     lo = min(values, default=0)
     hi = max(values, default=0)
@@ -323,7 +237,6 @@ def _minmax_low_is_best(values: list[int]) -> list[float]:
 SCORERS: dict[str, type[Scorer]] = {
     cls.name: cls
     for cls in (
-        ResidencyAffinityScorer,
         RunningSetScorer,
         FreeSlotScorer,
         LoadScorer,
@@ -331,5 +244,6 @@ SCORERS: dict[str, type[Scorer]] = {
         QueueScorer,
         KvCacheScorer,
         GieLoraAffinityScorer,
+        PrefixCacheScorer,
     )
 }

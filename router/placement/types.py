@@ -1,11 +1,16 @@
-"""CONTRACT of the placement layer: a pure function of a snapshot (DESIGN.md example 8).
+"""CONTRACT of the placement layer: a pure function of a snapshot (DESIGN.md examples 8, 17).
 
 The router runtime builds ``ReplicaView``s from its replica store (health, scraped metrics,
-its own residency records and in-flight counts) and calls a ``Profile``::
+its residency facts with cluster-wide in-flight counts) and calls a ``Profile``::
 
     decision = profile.pick(PlacementRequest(...), replicas, now)
 
 Nothing here does I/O; benchmarks replay traces through the same code.
+
+``Residency`` is the one name of a residency fact — one adapter version on one replica — in
+the whole router: the replica store keeps them (``router.replica``), the cluster state shares
+them (``router.cluster``) and placement reads them here. Facts are immutable: a change is a new
+fact (``dataclasses.replace``).
 """
 
 from __future__ import annotations
@@ -15,23 +20,38 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 ResidencyState = Literal["staging", "loading", "resident", "unloading", "failed"]
+# Where a request's adapter would come from on a replica (cheapest first): ``gpu`` running or
+# in a GPU slot, ``cpu`` registered and in the engine's host-memory cache (``max_cpu_loras``),
+# ``disk`` registered but re-read from disk inside the engine, ``load`` not registered there:
+# loraplane stages and loads it. ``""``: a base-model request.
+Tier = Literal["gpu", "cpu", "disk", "load", ""]
 
 
 @dataclass(frozen=True, slots=True)
-class Resident:
-    """One adapter version the router knows to be on a replica."""
+class Residency:
+    """One adapter version on one replica, as this process knows it (or the cluster shares it)."""
 
     lora_name: str
-    adapter_id: str
     state: ResidencyState
-    last_used: float  # clock seconds of the last request routed to it there
-    inflight: int = 0  # requests the router has in flight for it on this replica
-    size_bytes: int = 0
-    # ADDED (placement, issue 9): requests routed to this adapter since the router started, all
-    # replicas together (one counter per lora_name, kept across evictions and reloads; the
-    # runtime copies it into every Resident of that adapter). The cost-aware evictor weighs it
-    # by recency (``last_used``); 0 = unknown, counted as 1.
+    adapter_id: str = ""
+    version: str = ""
+    since: float = 0.0  # clock seconds when the state was entered (this process's clock)
+    last_used: float = 0.0  # clock seconds of the last request routed to it there
+    # In a placement view: requests in flight for it there, every gateway process together.
+    # In the store: always 0 (its counts live beside the facts: ``ReplicaState.inflight_of``).
+    inflight: int = 0
+    # Requests routed to this adapter so far, all replicas together (kept across evictions;
+    # the cost-aware evictor weighs it by recency); 0 = unknown, counted as 1.
     requests: int = 0
+    size_bytes: int = 0
+    rank: int = 0  # LoRA rank (0: unknown)
+    # Shared through the cluster state: the process that wrote it, when (wall seconds), and for
+    # ``failed`` why, whether another replica may succeed, and the message.
+    pid: str = ""
+    ts: float = 0.0
+    failure: str = ""
+    retry_elsewhere: bool = True
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +61,7 @@ class ReplicaView:
     healthy: bool
     max_loras: int  # GPU slots: distinct adapters that can run in one batch
     max_adapters: int  # adapters kept registered (loaded) on the replica
-    residents: dict[str, Resident] = field(default_factory=dict)  # lora_name → Resident
+    residents: dict[str, Residency] = field(default_factory=dict)  # lora_name → Residency
     inflight: int = 0  # router's own count of requests in flight on this replica
     running: int = 0  # vllm:num_requests_running (scraped)
     waiting: int = 0  # vllm:num_requests_waiting (scraped)
@@ -49,15 +69,24 @@ class ReplicaView:
     # From vllm:lora_requests_info (latest sample); only the GIE-style baseline reads these.
     lora_running: tuple[str, ...] = ()
     lora_waiting: tuple[str, ...] = ()
-    max_num_seqs: int = 256
-    # ADDED (placement): per-snapshot memo of values derived from ``residents`` (occupancy, running
-    # set, LRU idle order), filled lazily by ``router.placement`` so a decision stays O(replicas).
-    # Views are snapshots: build a new view instead of mutating ``residents`` after a pick.
+    # Capacity of the replica (from its pool's configuration or the replica itself, issue 24.11):
+    max_num_seqs: int = 256  # vLLM --max-num-seqs: requests running at once
+    max_cpu_loras: int = 0  # vLLM --max-cpu-loras: adapters cached in host memory (0: = max_loras)
+    max_lora_rank: int = 0  # vLLM --max-lora-rank: GPU slots are padded to it (0: unknown)
+    reserved_hot_slots: int = 0  # of max_loras, slots kept for hot adapters (SPEC §15)
+    # Per-snapshot memo of values derived from ``residents`` (occupancy, running set, LRU idle
+    # order, tiers), filled lazily by ``router.placement``. Views are snapshots: build a new view
+    # instead of mutating ``residents`` after a pick.
     derived: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def running_adapters(self) -> int:
         """Distinct adapters with requests in flight on this replica (router's own count)."""
         return sum(1 for r in self.residents.values() if r.inflight > 0)
+
+    @property
+    def cpu_loras(self) -> int:
+        """Adapters the engine keeps in host memory (vLLM's default: ``max_loras``)."""
+        return max(self.max_cpu_loras, self.max_loras)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +99,18 @@ class PlacementRequest:
     exclude: frozenset[str] = frozenset()  # replica urls to avoid (failover retry)
     # lora_name → copies the cluster keeps warm (hot adapters, SPEC §8/§17): an evictor never
     # takes a copy whose eviction would leave fewer than that many while another idle victim
-    # exists. ``strict_hot`` (a hot prewarm): rather than take such a copy, make no room at all
-    # (the evictor answers None), so hot adapters never evict each other.
+    # exists. ``strict_hot`` (a prewarm, or a load of the placement plan): rather than take such
+    # a copy (or a planned one), make no room at all (the evictor answers None).
     hot_targets: Mapping[str, int] = field(default_factory=dict)
     strict_hot: bool = False
+    # The placement plan (``router.placement.plan``): lora_name → the replicas that should hold
+    # it. The default policy prefers the requested adapter's targets; every evictor passes over
+    # an idle adapter planned on its replica while another victim exists.
+    plan: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Prompt tokens of this request already in each replica's prefix cache for this adapter
+    # (replica url → tokens), from the router's prefix index (``router.prefix``).
+    prefix: Mapping[str, int] = field(default_factory=dict)
+    rank: int = 0  # the adapter's LoRA rank (0: unknown)
 
 
 Action = Literal["hit", "load", "replicate", "none"]
@@ -116,6 +153,7 @@ class Decision:
     evict: tuple[str, ...] = ()  # lora_names to unload from ``replica`` first (it is at max_adapters)
     scores: Mapping[str, float] = field(default_factory=Scores)  # url → final score (debugging/metrics)
     reason: str = ""
+    tier: Tier = ""  # where the adapter comes from on ``replica`` (metrics: loads per tier)
 
 
 class Profile(Protocol):

@@ -173,9 +173,9 @@ def test_a_canary_five_points_worse_is_aborted_and_a_healthy_one_promoted_once(
     promotions = [e for e in _events(p, "version.promoted", "good") if e["actor"] == "canary-analyzer"]
     assert len(promotions) == 1 and promotions[0]["details"]["version"] == "v2"
     assert _events(p, "version.canary_aborted", "good") == []
-    leaders = [_metric_lines(u, "loraplane_canary_analyser_leader ") for u in p.gateway_urls]
+    leaders = [_metric_lines(u, "loraplane_canary_analyser_leader ") for u in p.internal_urls]
     assert sorted(ln[0].split()[-1] for ln in leaders) == ["0.0", "1.0"], leaders
     counted_promotions = [
-        ln for u in p.gateway_urls for ln in _metric_lines(u, "loraplane_canary_promotions_total")
+        ln for u in p.internal_urls for ln in _metric_lines(u, "loraplane_canary_promotions_total")
     ]
     assert len(counted_promotions) == 1 and counted_promotions[0].endswith(" 1.0"), counted_promotions

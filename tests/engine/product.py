@@ -44,6 +44,7 @@ class Platform:
     model_dir: Path
     module_shapes: dict[str, list[int]]
     extra: dict[str, Any] = field(default_factory=dict)
+    internal_url: str = ""  # the gateway's internal port: /metrics, the detailed /readyz (SPEC §19)
 
     def admin(self) -> AdminClient:
         return AdminClient(self.admin_url, self.token, timeout=60.0)
@@ -75,7 +76,7 @@ def start_platform(
     staging = workdir / "staging"
     staging.mkdir(parents=True, exist_ok=True)
     token = "engine-admin-token-" + os.urandom(8).hex()
-    gw_port, admin_port = ls.free_port(), ls.free_port()
+    gw_port, admin_port, internal_port = ls.free_port(), ls.free_port(), ls.free_port()
     pools = [
         {
             "name": "engine",
@@ -97,6 +98,7 @@ def start_platform(
             "LORAPLANE_ADMIN_TOKEN": token,
             "LORAPLANE_ADMIN_PORT": str(admin_port),
             "LORAPLANE_GATEWAY_PORT": str(gw_port),
+            "LORAPLANE_GATEWAY_INTERNAL_PORT": str(internal_port),
             "LORAPLANE_S3_BUCKET": bucket,
             "LORAPLANE_S3_ENDPOINT_URL": s3.endpoint_url,
             "LORAPLANE_S3_ACCESS_KEY_ID": s3.access_key,
@@ -133,6 +135,7 @@ def start_platform(
             log_path=log_path,
             model_dir=model_dir,
             module_shapes=module_shapes,
+            internal_url=f"http://127.0.0.1:{internal_port}",
         )
         try:
             proc.wait_ready(http_ready(f"{platform.gateway_url}/healthz"), 300)

@@ -201,7 +201,7 @@ def test_rollback_in_force_at_once_and_switches_outputs(
     deadline = time.monotonic() + 10
     table: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        table = httpx.get(f"{platform.gateway_url}/readyz").json()["routing_table"]
+        table = httpx.get(f"{platform.internal_url}/readyz").json()["routing_table"]
         if table["revision"] > before:
             break
         time.sleep(0.005)

@@ -114,7 +114,8 @@ def test_replica_sigkill_mid_stream_every_request_accounted(plat: tuple[Platform
     # finding 3: a stream cut mid-way is an error in the gateways' metrics (and access log), not a 200
     cut = report.count("stream_error")
     errors = sum(
-        metric_sum(g, "loraplane_gateway_errors_total", error="upstream_error") for g in p.gateway_urls
+        metric_sum(p.internal(g), "loraplane_gateway_errors_total", error="upstream_error")
+        for g in p.gateway_urls
     )
     assert errors >= cut, (errors, report.summary())
     # requests after the failover settled succeed on the two replicas left

@@ -207,3 +207,14 @@ class FakeRouter:
 
 class FakeNoCapacity(NoCapacity):
     pass
+
+
+def internal_client(gw: Any) -> Any:
+    """An httpx client of ``gw``'s internal port app (/metrics, the detailed /readyz; SPEC §19)."""
+    import httpx
+
+    from gateway.internal import create_internal_app
+
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_internal_app(gw)), base_url="http://internal"
+    )

@@ -38,6 +38,12 @@ class Platform:
     keys: dict[str, str] = field(default_factory=dict)
     sim_urls: list[str] = field(default_factory=list)
     sims: list[SimProcess] = field(default_factory=list)  # the replicas' processes (fault tests signal them)
+    # each gateway's internal port (SPEC §19): /metrics and the detailed /readyz, in gateway_urls' order
+    internal_urls: list[str] = field(default_factory=list)
+
+    def internal(self, gateway_url: str) -> str:
+        """The internal port's URL of the gateway serving ``gateway_url``."""
+        return self.internal_urls[self.gateway_urls.index(gateway_url)]
 
     def upload(self, adapter_id: str, seed: int) -> str:
         d = self.workdir / f"src-{adapter_id}-{seed}"
@@ -81,6 +87,7 @@ def run_platform(
             sim_procs = start_simulators(sims, extra_args=list(sim_args))
             admin_port = ls.free_port()
             gw_ports = [ls.free_port() for _ in range(gateways)]
+            internal_ports = [ls.free_port() for _ in range(gateways)]
             base_env = {
                 **os.environ,
                 "LORAPLANE_DATABASE_URL": pg,
@@ -112,7 +119,8 @@ def run_platform(
                 **(env or {}),
             }
             roles: list[tuple[str, dict[str, str]]] = [("registry", {})] + [
-                ("gateway", {"LORAPLANE_GATEWAY_PORT": str(p)}) for p in gw_ports
+                ("gateway", {"LORAPLANE_GATEWAY_PORT": str(p), "LORAPLANE_GATEWAY_INTERNAL_PORT": str(ip)})
+                for p, ip in zip(gw_ports, internal_ports, strict=True)
             ]
             for i, (role, extra) in enumerate(roles):
                 argv = [sys.executable, "-m", "loraplane.cli", "serve", "--role", role]
@@ -122,6 +130,7 @@ def run_platform(
                 )
             admin_url = f"http://127.0.0.1:{admin_port}"
             gw_urls = [f"http://127.0.0.1:{p}" for p in gw_ports]
+            internal_urls = [f"http://127.0.0.1:{p}" for p in internal_ports]
             procs[0].wait_ready(http_ready(f"{admin_url}/admin/v1/healthz"), 90)
             admin = AdminClient(admin_url, ADMIN_TOKEN)
             spec = demo_base_model()
@@ -136,7 +145,14 @@ def run_platform(
                 [(p, http_ready(f"{u}/readyz")) for p, u in zip(procs[1:], gw_urls, strict=True)], 90
             )
             yield Platform(
-                admin_url, gw_urls, admin, workdir, procs, sim_urls=[p.url for p in sim_procs], sims=sim_procs
+                admin_url,
+                gw_urls,
+                admin,
+                workdir,
+                procs,
+                sim_urls=[p.url for p in sim_procs],
+                sims=sim_procs,
+                internal_urls=internal_urls,
             )
             admin.close()
         finally:

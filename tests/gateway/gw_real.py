@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,13 @@ class RealGateway:
                 if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                     total += s.value
         return total
+
+
+def access_lines(records: Sequence[logging.LogRecord]) -> list[tuple[int, str | None]]:
+    """(status, error) of each access log line (``loraplane.gateway.access``) among ``records``."""
+    return [
+        (r.__dict__["status"], r.__dict__["error"]) for r in records if r.name == "loraplane.gateway.access"
+    ]
 
 
 def tenant_snapshot(

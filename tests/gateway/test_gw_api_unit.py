@@ -19,7 +19,7 @@ from gateway.table import RoutingTable
 from registry.snapshot import Limits
 from router.contract import AdapterLoadFailed, NoCapacity, UpstreamTimeout
 
-from .gw_fakes import FakeRouter, make_snapshot
+from .gw_fakes import FakeRouter, internal_client, make_snapshot
 
 ADMIN = "admin-token-123456789"
 
@@ -257,14 +257,27 @@ async def test_streaming_passes_chunks_and_usage_only_when_asked(env: Env) -> No
 
 
 async def test_readyz_and_metrics(env: Env) -> None:
+    internal = internal_client(env.gw)
     r = await env.client.get("/readyz")
-    assert r.status_code == 200 and r.json()["ready"] and r.json()["ratelimit"]["backend"] == "memory"
+    assert (
+        r.status_code == 200
+        and r.json()["ready"]
+        and r.json()["ratelimit"]
+        == {
+            "healthy": True,
+            "on_error": "closed",
+        }
+    )
+    assert (await internal.get("/readyz")).json()["ratelimit"]["backend"] == "memory"
     env.router.is_ready = False  # no healthy replica: still ready (SPEC §17), the 503 is per request
     r = await env.client.get("/readyz")
     assert r.status_code == 200 and r.json()["replicas_healthy"] == 0
-    assert r.json()["warnings"] == ["no healthy replica: requests get 503 no_capacity"]
+    assert r.json()["warnings"] == ["no_healthy_replica"]
+    detail = (await internal.get("/readyz")).json()
+    assert detail["messages"] == ["no healthy replica: requests get 503 no_capacity"]
     await env.chat("demo-base:alpha")
-    m = (await env.client.get("/metrics")).text
+    assert (await env.client.get("/metrics")).status_code == 404  # not on the public port (SPEC §19)
+    m = (await internal.get("/metrics")).text
     assert 'loraplane_gateway_requests_total{adapter="alpha",code="200",endpoint="chat/completions"' in m
     assert "loraplane_gateway_tokens_total" in m
 

@@ -227,7 +227,7 @@ def _in_force_after(plat: Platform, change: Callable[[], object], version: str) 
     for u, rev in zip(plat.gateway_urls, before, strict=True):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            table = httpx.get(f"{u}/readyz").json()["routing_table"]
+            table = httpx.get(f"{plat.internal(u)}/readyz").json()["routing_table"]
             if table["revision"] > rev:
                 lat.append(max(0.0, table["changed_at"] - returned))
                 tables.append({**table, "notified_after_s": (table["notified_at"] or returned) - returned})
@@ -302,11 +302,14 @@ def test_request_id_readyz_metrics(plat: Platform) -> None:
     assert r.status_code == 200 and r.headers["x-request-id"] == "req-e2e-1"
     ready = httpx.get(f"{u}/readyz").json()
     assert ready["ready"] and ready["replicas_healthy"] == 2
-    assert ready["ratelimit"] == {"backend": "redis", "healthy": True, "on_error": "closed"}
+    assert ready["ratelimit"] == {"healthy": True, "on_error": "closed"}
     assert not ready["routing_table"]["stale"]
-    m = httpx.get(f"{u}/metrics").text
+    detail = httpx.get(f"{plat.internal(u)}/readyz").json()
+    assert detail["ratelimit"] == {"backend": "redis", "healthy": True, "on_error": "closed"}
+    assert httpx.get(f"{u}/metrics").status_code == 404  # the internal port's, not the public one's
+    m = httpx.get(f"{plat.internal(u)}/metrics").text
     assert (
-        'loraplane_gateway_requests_total{adapter="alpha",code="200",endpoint="chat/completions",tenant="acme"'
-        in m
+        'loraplane_gateway_requests_total{adapter="alpha",code="200",endpoint="chat/completions",'
+        'served_version="v1",tenant="acme"' in m
     )
     assert "loraplane_gateway_ttft_seconds_bucket" in m

@@ -199,13 +199,13 @@ def test_pinned_version_never_falls_back_and_fallbacks_are_counted_and_audited(p
         faults(plat, fail_loads=1, fail_load_status=500)
         assert call(plat, f"demo-base:{aid}")[1]["x-loraplane-fallback"] == "previous_version"
     faults(plat, reset=True)
-    m = httpx.get(f"{plat.gateway_urls[0]}/metrics").text
+    m = httpx.get(f"{plat.internal_urls[0]}/metrics").text
     got = [
         s.value
         for fam in text_string_to_metric_families(m)
         for s in fam.samples
         if s.name == "loraplane_fallbacks_total"
-        and s.labels == {"adapter": aid, "version": "v2", "kind": "previous_version"}
+        and s.labels == {"adapter": aid, "version": "v2", "kind": "previous_version", "served_version": "v1"}
     ]
     assert got == [2.0]
     events = audit_events(plat, "adapter.fallback", aid)

@@ -19,6 +19,7 @@ from kit.redis_factory import make_redis
 from registry.snapshot import Limits
 from router.contract import NoCapacity
 
+from .gw_fakes import internal_client
 from .test_gw_api_unit import Env, err
 
 
@@ -189,7 +190,10 @@ async def test_redis_down_closed_and_open() -> None:
             assert err(r)["code"] == "rate_limiter_unavailable"
         ready = await e.client.get("/readyz")
         body = ready.json()
-        assert body["ratelimit"] == {"backend": "redis", "healthy": False, "on_error": mode}
-        assert any(f"ratelimit_on_error={mode}" in x for x in body["reasons"])
+        assert body["ratelimit"] == {"healthy": False, "on_error": mode}
+        assert body["reasons"] == ["ratelimit_store_unreachable"]
         assert ready.status_code == (503 if mode == "closed" else 200)
+        detail = (await internal_client(e.gw).get("/readyz")).json()
+        assert detail["ratelimit"] == {"backend": "redis", "healthy": False, "on_error": mode}
+        assert any(f"ratelimit_on_error={mode}" in x for x in detail["messages"])
         await e.gw.stop()

@@ -18,7 +18,7 @@ import pytest
 from registry.snapshot import RoutingSnapshot
 from tests.router.routerkit import SIM_ARGS, Sim, put_version
 
-from .gw_real import real_gateway, with_canary
+from .gw_real import access_lines, real_gateway, with_canary
 
 pytestmark = pytest.mark.xdist_group("gw-real")
 
@@ -61,8 +61,7 @@ async def test_an_engine_error_inside_a_stream_counts_as_an_error_everywhere(
             err = ev[-2]["error"]
             assert err["code"] == "engine_error" and err["type"] == "server_error", err
             assert "Simulated failure in the stream generator" in err["message"]
-        lines = [rec for rec in caplog.records if rec.name == "loraplane.gateway.access"]
-        assert [(x.status, x.error) for x in lines] == [(502, "engine_error")] * 6  # type: ignore[attr-defined]
+        assert access_lines(caplog.records) == [(502, "engine_error")] * 6
         assert g.metric("loraplane_gateway_errors_total", adapter="se", error="engine_error") == 6
         assert g.metric("loraplane_gateway_requests_total", adapter="se", code="502") == 6
         assert g.metric("loraplane_gateway_requests_total", adapter="se", code="200") == 0
@@ -75,8 +74,7 @@ async def test_an_engine_error_inside_a_stream_counts_as_an_error_everywhere(
         caplog.clear()
         r = await c.post("/v1/chat/completions", json={**body, "stream": True})
         assert r.status_code == 200 and '"error"' not in r.text and r.text.endswith("data: [DONE]\n\n")
-        lines = [rec for rec in caplog.records if rec.name == "loraplane.gateway.access"]
-        assert [(x.status, x.error) for x in lines] == [(200, None)]  # type: ignore[attr-defined]
+        assert access_lines(caplog.records) == [(200, None)]
         assert g.metric("loraplane_gateway_ttft_seconds_count", adapter="se") == 1
         arms = [await g.canary.read("se", v) for v in ("v1", "v2")]
         assert sum(a.requests - a.errors for a in arms) == 1

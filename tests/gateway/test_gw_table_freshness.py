@@ -142,7 +142,7 @@ async def test_snapshot_age_metric_grows_while_postgres_refuses_and_drops_after(
         engine=gw_engine,
         feed=PostgresNotifyFeed(pg_db, channel="lp_fresh_age"),
     )
-    app = create_gateway_app(gw)
+    app = create_gateway_app(gw, local=True)  # /metrics on this port, as under `loraplane up`
     await gw.start()
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
     try:

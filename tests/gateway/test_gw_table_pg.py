@@ -22,7 +22,7 @@ from registry.api import create_admin_app
 from registry.feed import PostgresNotifyFeed
 from registry.settings import RegistrySettings
 
-from .gw_fakes import FakeRouter
+from .gw_fakes import FakeRouter, internal_client
 
 TOKEN = "table-test-admin-token"
 
@@ -91,6 +91,7 @@ async def test_registry_down_keeps_serving_last_snapshot(tmp_path) -> None:
         app = create_gateway_app(gw)
         await gw.start()
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
+        internal = internal_client(gw)
         chat = {"model": "demo-base", "messages": [{"role": "user", "content": "hi"}]}
         r = await client.post("/v1/chat/completions", json=chat, headers={"authorization": f"Bearer {key}"})
         assert r.status_code == 200
@@ -108,9 +109,12 @@ async def test_registry_down_keeps_serving_last_snapshot(tmp_path) -> None:
         assert r.status_code == 200  # still serving from the last snapshot
         ready = await client.get("/readyz")
         assert ready.status_code == 200
-        body = ready.json()
-        assert body["routing_table"]["stale"] is True and body["routing_table"]["last_error"]
-        assert any("stale routing snapshot" in x for x in body["warnings"])  # still ready (SPEC §17)
+        body = ready.json()  # the public body: codes, no error text (SPEC §19)
+        assert body["routing_table"]["stale"] is True and "last_error" not in body["routing_table"]
+        assert body["warnings"] == ["routing_snapshot_stale"]  # still ready (SPEC §17)
+        detail = await internal.get("/readyz")
+        assert detail.json()["routing_table"]["last_error"]
+        assert "registry unreachable: serving a stale routing snapshot" in detail.json()["messages"]
         await client.aclose()
         await gw.stop()
         gw_engine.dispose()

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kit.procs import ManagedProcess, free_port, log_ready
@@ -76,6 +77,9 @@ def test_up_demo_example_works_signals_stop_children_and_data_is_kept(tmp_path: 
         assert up2.example() == code
         assert run_example(code).startswith("demo-base:demo-support ")
         assert (data / "admin_token").read_text() == token
+        # one machine, loopback: /metrics stays on the gateway port (SPEC §19)
+        m = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert m.status_code == 200 and "loraplane_gateway_requests_total" in m.text
         up2.stop(signal.SIGTERM)
     finally:
         up2.proc.kill()

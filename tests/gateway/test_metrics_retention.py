@@ -93,7 +93,8 @@ class World:
 
     def serve(self, adapter_id: str, version: str, tenant: str = "acme", status: int = 200) -> None:
         """What ``GatewayApp._finish`` records for one answer."""
-        self.gm.count(tenant, adapter_id, version, "chat/completions", status, "" if status < 400 else "oops")
+        error = "" if status < 400 else "oops"
+        self.gm.count(tenant, adapter_id, version, "chat/completions", status, error)
         if status < 400:
             s = self.gm.series(tenant, adapter_id, version)
             s.latency.observe(0.01)
@@ -104,6 +105,7 @@ class World:
 
     def requests(self, adapter_id: str, version: str, tenant: str = "acme") -> float | None:
         labels = {"tenant": tenant, "adapter": adapter_id, "version": version, "code": "200"}
+        labels["served_version"] = version
         text = self.gm.render()
         return sample(text, "loraplane_gateway_requests_total", **labels, endpoint="chat/completions")
 
@@ -281,7 +283,7 @@ def test_router_version_families_follow_the_snapshot_and_the_ttl() -> None:
     record_load(w, "http://r1", w.a, "v1")
     record_load(w, "http://r1", w.b, "v1")
     w.rm.unloads.labels(replica="http://r1", adapter=w.a, version="v2", reason="retired").inc()
-    w.rm.fallbacks.labels(adapter=w.b, version="v1", kind="base_model").inc()
+    w.rm.fallbacks.labels(adapter=w.b, version="v1", kind="base_model", served_version="base").inc()
     w.sweeper.sweep()
     w.drop_version(w.a, "v2")
     w.sweeper.sweep()
@@ -289,7 +291,8 @@ def test_router_version_families_follow_the_snapshot_and_the_ttl() -> None:
     assert not mentions(text, w.a, "v2")  # unloads of the gone version
     ok = {"replica": "http://r1", "adapter": w.a, "version": "v1", "result": "ok"}
     assert sample(text, "loraplane_adapter_loads_total", **ok) == 1.0
-    assert sample(text, "loraplane_fallbacks_total", adapter=w.b, version="v1", kind="base_model") == 1.0
+    fb = {"adapter": w.b, "version": "v1", "kind": "base_model", "served_version": "base"}
+    assert sample(text, "loraplane_fallbacks_total", **fb) == 1.0
     w.clock.t += TTL
     w.sweeper.sweep()
     text = w.gm.render()
@@ -417,7 +420,7 @@ class AppEnv:
         self.table = RoutingTable(lambda: self.snap, refresh_s=60)
         self.gw = Gateway(GatewaySettings(), router=FakeRouter(), table=self.table)
         self.client = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=create_gateway_app(self.gw)), base_url="http://gw"
+            transport=httpx.ASGITransport(app=create_gateway_app(self.gw, local=True)), base_url="http://gw"
         )
 
     async def chat(self, model: str) -> httpx.Response:
@@ -452,7 +455,7 @@ async def test_gateway_requests_series_leave_metrics_when_the_adapter_is_deleted
     e.gw.metrics_sweeper.sweep()  # what the periodic task does every minute
     r = await e.client.get("/metrics")
     assert not mentions(r.content, e.a)
-    labels = {"tenant": "acme", "adapter": e.b, "version": "v1", "code": "200"}
+    labels = {"tenant": "acme", "adapter": e.b, "version": "v1", "served_version": "v1", "code": "200"}
     assert sample(r.content, "loraplane_gateway_requests_total", **labels, endpoint="chat/completions") == 1.0
     assert (await e.chat(f"demo-base:{e.a}")).status_code == 404  # gone for requests too
     await e.gw.stop()

@@ -195,7 +195,7 @@ def test_records_and_pagination(client: TestClient, factory: Any) -> None:
     assert set(v) == {
         "adapter_id", "version", "status", "rank", "lora_alpha", "target_modules", "files",
         "storage_uri", "rollback_to", "quality_gate", "quality_gate_details", "created_by", "created_at",
-        "source_uri", "source_revision",
+        "source_uri", "source_revision", "quality_gate_by",
     }  # fmt: skip
     assert v["files"][0] == {"name": "adapter_config.json", "size": 10, "sha256": f"{1:064x}"}
     p1 = client.get(f"{V1}/adapters/a-001/versions", params={"limit": 2}).json()
@@ -283,9 +283,12 @@ def test_audit_completeness_and_filters(client: TestClient, factory: Any) -> Non
     client.post(f"{A}/versions/v2/promote")
     client.post(f"{A}/versions/v3/promote", json={"canary_weight": 10})
     client.post(f"{A}/rollback")
+    client.post(f"{A}/versions/v3/promote", json={"canary_weight": 10})
+    client.delete(f"{A}/canary")
     client.post(f"{A}/disable")
     client.post(f"{A}/enable")
     client.post(f"{A}/versions/v3/disable")
+    client.post(f"{A}/versions/v3/enable")
     client.patch(A, json={"hot": True})
     client.post(f"{A}/versions/v2/quality-gate", json={"status": "passed", "details": {"acc": 0.9}})
     client.post(f"{V1}/tenants", json={"id": "acme"})

@@ -344,7 +344,8 @@ def test_snapshot_contents_and_query_count(factory: Any, engine: Any) -> None:
     with session_scope(factory) as s:
         snap2 = load_snapshot(s)
     assert snap2.revision == snap.revision + 1
-    assert (snap2.adapters["ad-0"].active_version, snap2.adapters["ad-0"].canary_version) == ("v1", None)
+    # (a rollback during a canary ends the canary and keeps the active version, SPEC §19)
+    assert (snap2.adapters["ad-0"].active_version, snap2.adapters["ad-0"].canary_version) == ("v2", None)
 
 
 async def test_db_audit_sink_records_router_events(factory: Any) -> None:

@@ -3,10 +3,11 @@ accepts and refuses, the regex timeout guard, and the per-arm / pairwise figures
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
-from registry.quality.checks import REGEX_TIMEOUT_S, is_refusal, run_check, run_checks
+from registry.quality.checks import REGEX_TIMEOUT_S, is_refusal, run_check, run_checks, run_groups
 from registry.quality.results import STORED_OUTPUT_CHARS, Answer, arm_stats, pairwise, percentile, verdict
 
 SCHEMA = {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "string"}}}
@@ -44,6 +45,48 @@ def test_catastrophic_regex_times_out_instead_of_hanging() -> None:
     assert not res.passed and res.reason == "regex timed out"
     # the regex package's timeout counts CPU time: a loaded machine stretches the wall time
     assert time.monotonic() - t0 < REGEX_TIMEOUT_S * 30
+
+
+def test_json_schema_patterns_match_with_the_regex_package_bounded_like_regex_checks() -> None:
+    """``pattern`` and ``patternProperties`` of a json_schema check (issue 24.4): stdlib ``re``
+    took 0.56 s for ``^(a+)+$`` on 24 characters and doubled per character; the ``regex``
+    package answers at once, and a pattern it cannot tame times out like a regex check."""
+    long_key = "a" * 26 + "!"  # stdlib re: ~2 s idle, far more on a loaded machine
+    for schema, doc in (
+        ({"type": "string", "pattern": r"^(a+)+$"}, json.dumps(long_key)),
+        (
+            {"type": "object", "patternProperties": {r"^(a+)+$": {"type": "integer"}}},
+            json.dumps({long_key: "x"}),
+        ),
+    ):
+        t0 = time.monotonic()
+        res = run_check({"type": "json_schema", "schema": schema}, doc)
+        assert time.monotonic() - t0 < 0.5
+        assert res.passed == (schema["type"] == "object")  # no match: the string fails, the key is free
+    slow = "a" * 40 + "!"
+    for schema, doc, said in (
+        ({"type": "string", "pattern": r"^(a|aa)+$"}, json.dumps(slow), "pattern '^(a|aa)+$' timed out"),
+        (
+            {"type": "object", "patternProperties": {r"^(a|aa)+$": {"type": "integer"}}},
+            json.dumps({slow: 1}),
+            "patternProperties '^(a|aa)+$' timed out",
+        ),
+    ):
+        t0 = time.monotonic()
+        res = run_check({"type": "json_schema", "schema": schema}, doc)
+        assert not res.passed and res.reason is not None and said in res.reason, res
+        assert time.monotonic() - t0 < REGEX_TIMEOUT_S * 30  # CPU time, as for regex checks
+
+
+def test_one_answer_s_patterns_share_one_deadline() -> None:
+    """Three catastrophic regex checks of one answer end within one answer's budget, not three
+    timeouts; a check without a pattern still runs."""
+    slow = {"type": "regex", "pattern": r"^(a|aa)+$"}
+    t0 = time.process_time()  # what the regex package's timeout counts
+    [got] = run_groups([[slow, slow, slow, {"type": "contains", "text": "a"}]], "a" * 40 + "!", 0.5)
+    took = time.process_time() - t0
+    assert [(r.passed, r.reason) for r in got] == [(False, "regex timed out")] * 3 + [(True, None)]
+    assert took < 1.5, took  # one budget of 0.5 s, not 3 x REGEX_TIMEOUT_S (3 s)
 
 
 def test_refusal_detection_follows_the_opening() -> None:

@@ -20,9 +20,9 @@ from router.placement.scorers import (
     LeastRequestScorer,
     LoadScorer,
     QueueScorer,
-    ResidencyAffinityScorer,
     RunningSetScorer,
 )
+from router.placement.types import PlacementRequest
 from tests.router.test_placement_support import req, res, view
 
 
@@ -144,51 +144,14 @@ def test_free_slot_scorer_table() -> None:
     assert FreeSlotScorer(idle_horizon_s=60.0).score(c) == pytest.approx([1.0, 1.0, 0.6, 0.1, 0.35, 0.0])
 
 
-def test_residency_affinity_table() -> None:
-    resident = view("resident", res("a"))
-    loading = view("loading", res("a", state="loading"))
-    failed = view("failed", res("a", state="failed"))
-    absent = view("absent", res("b"))
-    assert ResidencyAffinityScorer().score(ctx("a", resident, failed, absent)) == [1.0, 0.0, 0.0]
-    assert ResidencyAffinityScorer().score(ctx("a", loading, failed, absent)) == [0.9, 0.0, 0.0]
-    assert ResidencyAffinityScorer().score(ctx(None, resident)) == [0.0]
+def test_prefix_cache_scorer_is_the_cached_share_of_the_prompt_for_this_adapter() -> None:
+    from router.placement.scorers import PrefixCacheScorer
 
-
-def test_residency_affinity_replicates_only_when_every_holder_is_saturated() -> None:
-    scorer = ResidencyAffinityScorer(high_water=0.8, adapter_high=0.5, low_water=0.1)
-    hot = view("hot", res("a", inflight=85))  # load 0.85 ≥ high water
-    cool_holder = view("cool", res("a", inflight=20))
-    spare = view("spare")
-    # One holder is still fine: saturated holder 0.3, the fine one 1.0, no replication.
-    assert scorer.score(ctx("a", hot, cool_holder, spare)) == [0.3, 1.0, 0.0]
-    # Every holder saturated and a spare replica exists: holders drop to 0 → replicate.
-    assert scorer.score(ctx("a", hot, spare)) == [0.0, 0.0]
-    # Every replica saturated: replicating would not help, keep affinity.
-    busy = view("busy", res("b", inflight=90))
-    assert scorer.score(ctx("a", hot, busy)) == [1.0, 0.0]
-
-
-def test_residency_affinity_saturation_by_adapter_share_and_running_set() -> None:
-    scorer = ResidencyAffinityScorer(high_water=0.9, adapter_high=0.3, low_water=0.05)
-    # The adapter alone holds 30 % of max_num_seqs there: saturated although the replica is not.
-    share = view("share", res("a", inflight=30))
-    # A resident but idle on a replica whose running set (max_loras 2) is full: it would be deferred.
-    deferred = view("deferred", res("a"), res("b", inflight=1), res("c", inflight=1))
-    spare = view("spare")
-    assert scorer.score(ctx("a", share, spare)) == [0.0, 0.0]
-    assert scorer.score(ctx("a", deferred, spare)) == [0.0, 0.0]
-
-
-def test_residency_affinity_consolidates_copies_below_low_water() -> None:
-    scorer = ResidencyAffinityScorer(high_water=0.8, adapter_high=0.5, low_water=0.1)
-    primary = view("primary", res("a", inflight=3, last_used=50.0))
-    extra = view("extra", res("a", inflight=1, last_used=60.0))
-    # Demand 4/100 < low water: the copy with most in-flight is preferred, the extra drains.
-    assert scorer.score(ctx("a", primary, extra)) == [1.0, 0.6]
-    # Demand above low water: both copies serve.
-    busy_primary = view("primary", res("a", inflight=8))
-    busy_extra = view("extra", res("a", inflight=4))
-    assert scorer.score(ctx("a", busy_primary, busy_extra)) == [1.0, 1.0]
+    views = [view("r0"), view("r1"), view("r2")]
+    request = PlacementRequest(lora_name="a", adapter_id="a", prompt_tokens=100, prefix={"r0": 80, "r1": 150})
+    assert PrefixCacheScorer().score(PickContext(request, views, 0.0)) == [0.8, 1.0, 0.0]
+    no_prompt = PlacementRequest(lora_name="a", adapter_id="a", prefix={"r0": 80})
+    assert PrefixCacheScorer().score(PickContext(no_prompt, views, 0.0)) == [0.0, 0.0, 0.0]
 
 
 # ---------------------------------------------------------------- pickers
@@ -218,15 +181,3 @@ def test_round_robin_picker_cycles() -> None:
     c = ctx("a", view("r0"), view("r1"), view("r2"))
     rr = RoundRobinPicker()
     assert [rr.pick(c, [0.0, 0.0, 0.0]) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
-
-
-def test_saturated_for_table() -> None:
-    from router.placement.scorers import saturated_for
-
-    hw, ah = 0.8, 0.3
-    assert saturated_for(view("r", res("a", inflight=85)), res("a", inflight=85), hw, ah)  # replica load
-    assert saturated_for(view("r", res("a", inflight=30)), res("a", inflight=30), hw, ah)  # adapter share
-    assert not saturated_for(view("r", res("a", inflight=10)), res("a", inflight=10), hw, ah)
-    full = view("r", res("a"), res("b", inflight=1), res("c", inflight=1), max_loras=2)
-    assert saturated_for(full, full.residents["a"], hw, ah)  # would be deferred behind max_loras
-    assert not saturated_for(view("r", res("b", inflight=1)), None, hw, ah)

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from router.placement.types import PlacementRequest, ReplicaView, ResidencyState, Resident
+from router.placement.types import PlacementRequest, ReplicaView, Residency, ResidencyState
 
 
 def res(
     name: str, *, state: ResidencyState = "resident", last_used: float = 0.0, inflight: int = 0
-) -> Resident:
-    return Resident(lora_name=name, adapter_id=name, state=state, last_used=last_used, inflight=inflight)
+) -> Residency:
+    return Residency(lora_name=name, adapter_id=name, state=state, last_used=last_used, inflight=inflight)
 
 
 def view(
     url: str,
-    *residents: Resident,
+    *residents: Residency,
     healthy: bool = True,
     max_loras: int = 2,
     max_adapters: int = 4,
