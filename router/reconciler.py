@@ -193,4 +193,3 @@ def _serves(snap: RoutingSnapshot, lora_name: str) -> bool:
         and version.lora_name == lora_name
         and version.status in ("active", "canary")
     )
-
