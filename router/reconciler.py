@@ -36,7 +36,7 @@ from router.hotness import HotSet
 from router.loader import Loader
 from router.prewarm import Prewarmer
 from router.settings import RouterSettings
-from router.store import ReplicaState, ReplicaStore
+from router.store import ReplicaState, ReplicaStore, parse_lora_name
 from router.unloader import Unloader
 
 log = logging.getLogger("loraplane.router.reconciler")
@@ -100,6 +100,7 @@ class Reconciler:
             if rep.healthy:
                 await self._unload_unserved(rep, snap)
                 await self._trim(rep)
+        await self._unloader.drop_kept(lambda name: _serves(snap, name))
         if self._settings.plan_interval_s <= 0:
             await self._prewarm_hot(hot, snap)
 
@@ -189,3 +190,17 @@ class Reconciler:
                 },
             )
             await self._prewarmer.prewarm(info, want, exclude=failed, strict_hot=True)
+
+
+def _serves(snap: RoutingSnapshot, lora_name: str) -> bool:
+    """``lora_name`` is the active or canary version of an enabled adapter in ``snap``."""
+    parsed = parse_lora_name(lora_name)
+    adapter = snap.adapters.get(parsed[0]) if parsed is not None else None
+    version = adapter.versions.get(parsed[1]) if adapter is not None and parsed is not None else None
+    return (
+        adapter is not None
+        and adapter.status != "disabled"
+        and version is not None
+        and version.lora_name == lora_name
+        and version.status in ("active", "canary")
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 from router.audit import RouterAudit
 from router.cluster import ClusterState
@@ -41,6 +42,9 @@ class Unloader:
         self._metrics = metrics
         self._cluster = cluster
         self._unloading: set[tuple[str, str]] = set()
+        # (url, lora_name) evicted from an engine that reloads names by itself: the staged files
+        # stayed; they go once the version no longer serves by default (``drop_kept``)
+        self._kept: dict[tuple[str, str], ReplicaState] = {}
 
     def busy(self, url: str, lora_name: str) -> bool:
         return (url, lora_name) in self._unloading
@@ -97,10 +101,21 @@ class Unloader:
                 {"version": version, "replica": rep.url, "lora_name": lora_name, "reason": reason},
             )
         if reason != "evict" or not rep.driver.capabilities.implicit_reload:
-            # an engine that reloads a name it has seen by itself reads the files later: they stay
-            # until the version is retired or disabled (for a published one: it is unpublished then)
             await self._cleanup(rep, lora_name)
+        else:  # the engine may reload the name by itself from these files: they stay for now
+            self._kept[(rep.url, lora_name)] = rep
         return True
+
+    async def drop_kept(self, serves: Callable[[str], bool]) -> None:
+        """Remove the files kept after evictions (an engine with ``implicit_reload``) of versions
+        that no longer serve by default (``serves(lora_name)`` False: retired, disabled, gone)."""
+        for key, rep in list(self._kept.items()):
+            url, lora_name = key
+            if serves(lora_name):
+                continue
+            del self._kept[key]
+            if self._store.replicas.get(url) is rep and lora_name not in rep.residents:
+                await self._cleanup(rep, lora_name)
 
     async def _cleanup(self, rep: ReplicaState, lora_name: str) -> None:
         """Remove staged files once no replica sharing the staging location still uses them —

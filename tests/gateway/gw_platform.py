@@ -45,6 +45,8 @@ class Platform:
     def internal(self, gateway_url: str) -> str:
         """The internal port's URL of the gateway serving ``gateway_url``."""
         return self.internal_urls[self.gateway_urls.index(gateway_url)]
+    bucket: str = ""  # the platform's S3 bucket (artifacts; a ray-serve pool publishes under published/)
+    engine: str = "vllm"  # what the simulated replicas speak
 
     def upload(self, adapter_id: str, seed: int) -> str:
         d = self.workdir / f"src-{adapter_id}-{seed}"
@@ -70,10 +72,12 @@ def run_platform(
     env: Mapping[str, str] | None = None,
     pool: Mapping[str, Any] | None = None,
     pg_base: str | None = None,
+    engine: str = "vllm",
 ) -> Iterator[Platform]:
     """The platform; ``sim_args`` are the simulators' flags, ``env`` extra settings of every
     ``loraplane serve`` process, ``pool`` overrides of the replica pool's config, ``pg_base`` the
-    PostgreSQL server to make the database on (default: the suite's)."""
+    PostgreSQL server to make the database on (default: the suite's), ``engine`` the engine the
+    simulated replicas speak (the pool's ``engine``; ``ray-serve`` publishes to the bucket)."""
     from registry import migrate
     from simulator.procs import start_simulators, stop_all
 
@@ -85,7 +89,10 @@ def run_platform(
     with ls.temp_pg_database("gwe2e", base=pg_base) as pg:
         migrate.upgrade(pg)
         try:
-            sim_procs = start_simulators(sims, extra_args=list(sim_args))
+            engine_args, sim_env, engine_pool = engine_setup(engine, s3, bucket)
+            sim_procs = start_simulators(
+                sims, extra_args=[*sim_args, *engine_args], engine=engine, env=sim_env
+            )
             admin_port = ls.free_port()
             gw_ports = [ls.free_port() for _ in range(gateways)]
             internal_ports = [ls.free_port() for _ in range(gateways)]
@@ -110,6 +117,7 @@ def run_platform(
                             "urls": [p.url for p in sim_procs],
                             "max_loras": 4,
                             "max_adapters": 8,
+                            **engine_pool,
                             **(pool or {}),
                         }
                     ]
@@ -155,6 +163,8 @@ def run_platform(
                 sims=sim_procs,
                 database_url=pg,
                 internal_urls=internal_urls,
+                bucket=bucket,
+                engine=engine,
             )
             admin.close()
         finally:
@@ -165,3 +175,33 @@ def run_platform(
             if os.environ.get("LORAPLANE_TEST_SHOW_LOGS"):
                 for p in procs:
                     print(p.log_path.name, p.log_tail())
+
+
+def engine_setup(
+    engine: str, s3: ls.S3Server, bucket: str
+) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    """(simulator flags, simulator env, pool fields) of the simulated ``engine`` (a pool of
+    ``max_adapters`` 8: SGLang's --max-loaded-loras and TensorRT-LLM's host cache match it; a Ray
+    Serve app reads what the router publishes under ``s3://<bucket>/published/``)."""
+    if engine == "sglang":
+        return ["--max-loaded-loras", "8"], {}, {"engine": engine}
+    if engine == "trtllm":
+        return ["--max-cpu-loras", "8"], {}, {"engine": engine}
+    if engine == "ray-serve":
+        uri = f"s3://{bucket}/published/"
+        env = {
+            "AWS_ENDPOINT_URL": s3.endpoint_url,
+            "AWS_ACCESS_KEY_ID": s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+            "AWS_DEFAULT_REGION": s3.region,
+        }
+        staging = {
+            "mode": "publish",
+            "uri": uri,
+            "endpoint_url": s3.endpoint_url,
+            "access_key_id": s3.access_key,
+            "secret_access_key": s3.secret_key,
+            "region": s3.region,
+        }
+        return ["--dynamic-lora-loading-path", uri], env, {"engine": engine, "staging": staging}
+    return [], {}, {}
