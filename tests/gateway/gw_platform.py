@@ -45,6 +45,7 @@ class Platform:
     def internal(self, gateway_url: str) -> str:
         """The internal port's URL of the gateway serving ``gateway_url``."""
         return self.internal_urls[self.gateway_urls.index(gateway_url)]
+
     bucket: str = ""  # the platform's S3 bucket (artifacts; a ray-serve pool publishes under published/)
     engine: str = "vllm"  # what the simulated replicas speak
 
