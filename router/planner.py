@@ -29,11 +29,16 @@ from router.placement.types import Decision, PlacementRequest, Profile
 from router.prefix import CHARS_PER_TOKEN, PrefixIndex, prompt_text, served_seed
 from router.store import ReplicaState, ReplicaStore, views
 
-__all__ = ["ColdSlotsFull", "Planner"]
+__all__ = ["ColdSlotsFull", "Planner", "SlotsInUse"]
 
 
 class ColdSlotsFull(NoCapacity):
     """Only the GPU slots reserved for hot adapters are free (``reserved_hot_slots``)."""
+
+
+class SlotsInUse(NoCapacity):
+    """Healthy replicas could take the adapter, but none can right now (every adapter there is
+    serving requests, or loads are in flight): transient, worth a bounded wait."""
 
 
 class Planner:
@@ -87,9 +92,14 @@ class Planner:
         decision = self._decide(req.base_model, preq, now)
         rep = self._store.replicas.get(decision.replica) if decision.replica is not None else None
         if rep is None:
-            if not any(r.healthy and r.url not in excluded for r in self._store.for_base(req.base_model)):
+            healthy = [r for r in self._store.for_base(req.base_model) if r.healthy and r.url not in excluded]
+            if not healthy:
                 raise NoCapacity(f"no healthy replica for base model {req.base_model}", retry_after=2)
-            raise NoCapacity(f"no capacity for {req.client_model}: {decision.reason or 'all replicas busy'}")
+            message = f"no capacity for {req.client_model}: {decision.reason or 'all replicas busy'}"
+            rank = version.rank if version is not None else 0
+            if any(r.pool.max_lora_rank is None or rank <= r.pool.max_lora_rank for r in healthy):
+                raise SlotsInUse(message)
+            raise NoCapacity(message)
         if hashes:
             self.prefix.record(hashes, rep.url, now)
         self._count(rep.pool.name, decision)

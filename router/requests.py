@@ -27,7 +27,7 @@ from router.drivers import Retryable
 from router.errors import LoadError
 from router.hotness import HotSet
 from router.loader import Loader
-from router.planner import ColdSlotsFull, Planner
+from router.planner import ColdSlotsFull, Planner, SlotsInUse
 from router.sender import Sender
 from router.store import ReplicaState, ReplicaStore
 
@@ -76,7 +76,7 @@ class RequestLoop:
         while attempts < 2:
             try:
                 rep, decision = self._planner.place(req, excluded)
-            except ColdSlotsFull:  # a bounded queue: wait for a cold slot to free up
+            except (ColdSlotsFull, SlotsInUse):  # a bounded queue: wait for a slot to free up
                 if self._clock() - t0 > self._load_timeout_s:
                     raise
                 await asyncio.sleep(COLD_SLOT_RETRY_S)
@@ -102,6 +102,11 @@ class RequestLoop:
             except LoadError as exc:
                 release()
                 last = exc
+                if exc.failure == "no_room" and self._clock() - t0 < self._load_timeout_s:
+                    # every adapter there is serving a request: a bounded wait for one to finish,
+                    # then place again (anywhere), as for a busy cold slot
+                    await asyncio.sleep(COLD_SLOT_RETRY_S)
+                    continue
                 if not exc.retry_elsewhere:
                     break
                 excluded.add(rep.url)

@@ -60,6 +60,7 @@ class TrtllmApp(FlavourApp):
     def __init__(self, config: SimConfig, *, exit_process: bool = False) -> None:
         super().__init__(config, exit_process=exit_process)
         self.tasks: dict[int, _Task] = {}
+        self._loading: set[int] = set()  # ids whose weights are on their way (not cached yet)
         self.evict_next = 0  # fault: cached ids dropped between the check and the enqueue
         self.cache_misses = 0
         self.weight_loads = 0
@@ -80,6 +81,8 @@ class TrtllmApp(FlavourApp):
 
     def cached(self, lora_int_id: int) -> bool:
         """``is_adapter_in_cpu_cache``: the id is in the host cache (and so on the engine)."""
+        if lora_int_id in self._loading:
+            return False
         engine_id = self.engine.lora_id(task_name(lora_int_id))
         return engine_id is not None and engine_id in self.engine.cpu_cache()
 
@@ -116,7 +119,11 @@ class TrtllmApp(FlavourApp):
             self.driver.kick()
             wait = load.ready_at - time.monotonic()
             if wait > 0:
-                await asyncio.sleep(wait)
+                self._loading.add(lora_id)  # requests arriving meanwhile wait behind the lock
+                try:
+                    await asyncio.sleep(wait)
+                finally:
+                    self._loading.discard(lora_id)
             self.tasks[lora_id] = _Task(lora["lora_name"], lora["lora_path"], files.sha256)
             self.adapters[name] = LoadedAdapter(
                 name, lora["lora_path"], load.lora_id, files.sha256, files.size_bytes, time.time()

@@ -194,12 +194,12 @@ def test_staging_directory_full_fails_cold_loads_with_503_and_recovers(
                 time.sleep(1.0)
                 full = ColdTraffic(p.gateway_urls, key, fresh, workers=2, bound_s=BOUND_S).start().wait(60)
                 left = sorted(x.name for x in staging.iterdir())
+                loaded = set().union(*(loaded_on(u) for u in p.sim_urls))  # while the disk is full
                 filler.unlink()  # space freed: cold loads work again, without a restart
                 after = ColdTraffic(p.gateway_urls, key, later, workers=1, bound_s=BOUND_S).start().wait(60)
                 time.sleep(1.0)
             report = traffic.stop()
             logs = "".join(proc.log_tail(200_000) for proc in p.procs[1:])
-            loaded = set().union(*(loaded_on(u) for u in p.sim_urls))
     report.assert_accounted(set(), min_sent=20)  # warm adapters never noticed
     full.assert_accounted({"adapter_load_failed"}, min_sent=len(fresh))
     assert full.count("designed") == full.sent, full.summary()  # every cold load: 503

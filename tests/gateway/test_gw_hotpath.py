@@ -106,7 +106,7 @@ async def test_access_log_line_fields() -> None:
     assert len(lines) == 2
     keys = [
         "ts", "level", "logger", "msg", "request_id", "endpoint", "tenant", "model", "adapter", "version",
-        "replica", "status", "error", "stream", "latency_ms", "ttft_ms", "queue_ms", "prompt_tokens",
+        "served_version", "fallback", "replica", "status", "error", "stream", "latency_ms", "ttft_ms", "queue_ms", "prompt_tokens",
         "completion_tokens", "cold_load",
     ]  # fmt: skip
     assert [list(x) for x in lines] == [keys, keys]
@@ -115,6 +115,7 @@ async def test_access_log_line_fields() -> None:
     assert streamed["stream"] is True and streamed["ttft_ms"] is not None
     assert plain["request_id"] == "rid-1" and plain["status"] == 200 and plain["error"] is None
     assert plain["tenant"] == "acme" and plain["model"] == "demo-base:alpha" and plain["msg"] == "request"
+    assert plain["served_version"] == plain["version"] and plain["fallback"] is None
 
 
 async def test_deadline_timer_is_gone_after_a_fast_answer() -> None:

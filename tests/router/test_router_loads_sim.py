@@ -291,3 +291,24 @@ async def test_staged_files_stay_while_another_process_stages_the_same_version(
     finally:
         for c in clients:
             await c.aclose()
+
+
+async def test_a_load_with_every_adapter_in_use_waits_for_one_to_finish(
+    sims: list[Sim], make_router: RouterFactory, artifacts, audit: MemoryAuditSink, tmp_path: Path
+) -> None:
+    """No room because every resident adapter is serving a request is transient: the request waits
+    (bounded by load_timeout_s) for one to finish and evicts it, instead of a 503 at once."""
+    busy, waiting = (put_version(artifacts, tmp_path, f"room{i}", seed=40 + i) for i in range(2))
+    router = await make_router([sims[0].url], max_loras=1, max_adapters=1)
+    router.update_snapshot(snapshot_of(busy, waiting))
+    assert (await router.forward(chat(busy))).status == 200  # resident, idle
+    sims[0].faults(stall_s=1.5)
+    first = asyncio.create_task(router.forward(chat(busy)))
+    await asyncio.sleep(0.5)  # busy's request is in flight on the only slot
+    sims[0].faults(reset=True)
+    second = await router.forward(chat(waiting))
+    assert second.status == 200
+    assert (await first).status == 200
+    assert sims[0].loaded() == {waiting.lora_name}
+    evicted = [e["subject_id"] for e in audit.events if e["action"] == "adapter.unloaded"]
+    assert evicted == ["room0"]
