@@ -38,8 +38,13 @@ def test_the_tour_block_is_the_five_steps() -> None:
     commands = [ln.split("#")[0].strip() for ln in tour_block().splitlines()]
     commands = [c for c in commands if c]
     steps = ["adapters push", "--canary", "adapters promote", "adapters rollback", "adapters audit"]
-    at = [next(i for i, c in enumerate(commands) if s in c and (s != "adapters promote" or "--canary" not in c))
-          for s in steps]  # fmt: skip
+
+    def first(step: str) -> int:
+        canary_promote = step == "adapters promote"
+        hits = (i for i, c in enumerate(commands) if step in c and not (canary_promote and "--canary" in c))
+        return next(hits)
+
+    at = [first(s) for s in steps]
     assert at == sorted(at), commands
 
 

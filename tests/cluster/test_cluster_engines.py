@@ -75,7 +75,8 @@ def test_concurrent_first_requests_from_three_gateways_load_once_per_replica(clu
     urls = p.gateway_urls * 4  # 12 concurrent cold requests, 4 through each gateway
     with ThreadPoolExecutor(len(urls)) as pool:
         answers = list(pool.map(lambda u: chat(u, p.keys["acme"], "demo-base:ad0"), urls))
-    assert [r.status_code for r in answers] == [200] * len(urls), [r.text for r in answers if r.status_code != 200]
+    failed = [r.text for r in answers if r.status_code != 200]
+    assert [r.status_code for r in answers] == [200] * len(urls), failed
     deadline = time.monotonic() + 10
     while not audit(p, "adapter.loaded", "ad0") and time.monotonic() < deadline:
         time.sleep(0.1)

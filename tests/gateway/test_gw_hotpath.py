@@ -106,8 +106,8 @@ async def test_access_log_line_fields() -> None:
     assert len(lines) == 2
     keys = [
         "ts", "level", "logger", "msg", "request_id", "endpoint", "tenant", "model", "adapter", "version",
-        "served_version", "fallback", "replica", "status", "error", "stream", "latency_ms", "ttft_ms", "queue_ms", "prompt_tokens",
-        "completion_tokens", "cold_load",
+        "served_version", "fallback", "replica", "status", "error", "stream", "latency_ms", "ttft_ms",
+        "queue_ms", "prompt_tokens", "completion_tokens", "cold_load",
     ]  # fmt: skip
     assert [list(x) for x in lines] == [keys, keys]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", lines[0]["ts"])
