@@ -73,9 +73,7 @@ def _fill(template: Path, env: dict[str, str]) -> dict[str, Any]:
     with its environment), parsed; every ``${VAR}`` must have been filled in."""
     text = template.read_text()
     # posixpath.expandvars' own rule: $NAME or ${NAME}, left as written when NAME is not set
-    filled = re.sub(
-        r"\$(\w+|\{[^}]*\})", lambda m: env.get(m.group(1).strip("{}"), m.group(0)), text
-    )
+    filled = re.sub(r"\$(\w+|\{[^}]*\})", lambda m: env.get(m.group(1).strip("{}"), m.group(0)), text)
     unset = re.findall(r"[$][{]\w+[}]", filled)
     assert not unset, f"{template.name}: unset variables {unset}"
     return yaml.safe_load(filled)  # type: ignore[no-any-return]
@@ -372,9 +370,8 @@ def test_component_sets_the_pool_engine_and_the_engine_container(
     if engine != "sglang":  # no Prometheus text on the engine's port: out of the scrape
         assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "false"
         assert "app.kubernetes.io/name" not in docs[("Service", "vllm")]["metadata"]["labels"]
-    assert docs[("NetworkPolicy", "vllm-only-from-gateway")]["spec"]["podSelector"]["matchLabels"].items() <= (
-        pod["metadata"]["labels"].items()
-    ), "the replicas stay reachable only from the gateway"
+    policy = docs[("NetworkPolicy", "vllm-only-from-gateway")]["spec"]["podSelector"]["matchLabels"]
+    assert policy.items() <= pod["metadata"]["labels"].items(), "reachable only from the gateway"
 
 
 # -- flags: the ones the docs and the simulator name ---------------------------------------------
@@ -402,10 +399,12 @@ def _used_engine_flags() -> dict[str, set[str]]:
 def test_engine_flags_used_are_the_documented_ones() -> None:
     used = _used_engine_flags()
     documented = _documented_flags()
-    assert used["sglang"] >= {"--enable-lora", "--max-loras-per-batch", "--max-loaded-loras", "--max-lora-rank"}
+    lora = {"--enable-lora", "--max-loras-per-batch", "--max-loaded-loras", "--max-lora-rank"}
+    assert used["sglang"] >= lora
     assert used["trtllm"] >= {"--extra_llm_api_options", "--backend"}
     for engine, flags in used.items():
-        assert flags <= documented, f"{engine}: flags docs/engines.md does not name: {sorted(flags - documented)}"
+        missing = sorted(flags - documented)
+        assert not missing, f"{engine}: flags docs/engines.md does not name: {missing}"
 
 
 def test_adapter_size_settings_are_the_ones_the_simulator_flavours_model() -> None:
