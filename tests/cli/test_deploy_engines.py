@@ -28,6 +28,7 @@ from tests.cli.test_deploy import (
     K8S,
     REQUIRED_SECRETS,
     ROOT,
+    VAR_RE,
     VENV_BIN,
     _by_kind_name,
     _image_pinned,
@@ -147,6 +148,13 @@ def test_compose_override_merges_validly_and_replaces_the_vllm_replicas(engine: 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_compose_override_fails_fast_without_a_secret(engine: str) -> None:
+    """Every secret the override itself uses is written ``${VAR:?message}`` (so the override alone
+    would refuse to start without it), and the merged project refuses to start without it."""
+    text = OVERRIDES[engine].read_text()
+    refs = [m for m in VAR_RE.finditer(text) if m.group(1) in REQUIRED_SECRETS]
+    assert refs, "the override passes the engine or the pool a secret"
+    for m in refs:
+        assert m.group(2) == ":?" and m.group(3).strip(), f"${{{m.group(1)}}} must be ${{VAR:?message}}"
     needed = {"S3_ACCESS_KEY", "S3_SECRET_KEY"} if engine == "ray-serve" else {"LORAPLANE_AGENT_TOKEN"}
     for missing in sorted(needed):
         env = {k: v for k, v in os.environ.items() if k != missing}
