@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -19,6 +19,8 @@ from router.cluster import MemoryBoard, RedisBoard
 from router.directory import LocalReplicaDirectory, RedisReplicaDirectory, plan_view, publish_records
 from router.placement.plan import Demand, Plan, PlanParams, make_plan
 from router.placement.table import ReplicaTable
+from tests.router.conftest import RouterFactory
+from tests.router.routerkit import Sim, chat, put_version, snapshot_of, wait_until
 from tests.router.test_placement_support import res, view
 
 R0, R1, R2 = "http://r0:8000", "http://r1:8000", "http://r2:8000"
@@ -105,13 +107,6 @@ def test_an_unreadable_plan_document_is_reported_not_raised() -> None:
     assert plan_view(b"not json", [], time.time())["published"] is False
 
 
-@pytest.fixture
-def redis_prefix(redis_url: str) -> Iterator[str]:
-    prefix = ls.unique_redis_prefix("plan")
-    yield prefix
-    ls.flush_redis_prefix(redis_url, prefix)
-
-
 def test_redis_directory_reads_the_plan_the_leader_published(redis_url: str, redis_prefix: str) -> None:
     async def go() -> None:
         redis = aioredis.from_url(redis_url)
@@ -142,3 +137,34 @@ def test_redis_directory_unreachable_is_unavailable() -> None:
             await redis.aclose()
 
     asyncio.run(go())
+
+
+@pytest.mark.xdist_group("router-sims")  # the session's simulators
+async def test_a_routers_own_directory_serves_the_plan_its_controller_made(
+    sims: list[Sim], make_router: RouterFactory, artifacts: Any, tmp_path: Path
+) -> None:
+    """``loraplane up``: the router's controller plans on its in-process board every 0.3 s; the
+    directory the admin API gets (``Router.directory``) serves that plan with real residency."""
+    busy = put_version(artifacts, tmp_path, "plan-bot", seed=90)
+    quiet = put_version(artifacts, tmp_path, "quiet-bot", seed=91)
+    router = await make_router([s.url for s in sims], plan_interval_s=0.3)
+    router.update_snapshot(snapshot_of(busy, quiet))
+    directory = router.directory
+    got: dict[str, Any] = {}
+
+    async def planned() -> bool:
+        nonlocal got
+        for i in range(3):
+            await router.forward(chat(busy, request_id=f"plan-{i}"))
+        got = await directory.plan()
+        rows = [a for a in got["adapters"] if a["lora_name"] == busy.lora_name]
+        return bool(rows and rows[0]["current"])
+
+    await wait_until(planned, timeout=20, step=0.3)
+    (row,) = [a for a in got["adapters"] if a["lora_name"] == busy.lora_name]
+    assert got["published"] is True and got["desired_replicas"]["main"] >= 1
+    assert row["adapter"] == "plan-bot" and row["demand_rps"] > 0 and row["planned_replicas"] >= 1
+    assert set(row["targets"]) <= {s.url for s in sims}
+    holders = {s.url for s in sims if busy.lora_name in s.loaded()}
+    assert {c["url"] for c in row["current"] if c["state"] == "resident"} <= holders
+    assert all(a["lora_name"] != quiet.lora_name for a in got["adapters"])  # no traffic: not planned
