@@ -86,7 +86,8 @@ PRESENT = ("resident", "loading", "staging")
 
 
 def _iso(wall: float) -> str:
-    return _dt.datetime.fromtimestamp(wall, tz=_dt.UTC).isoformat().replace("+00:00", "Z")
+    at = _dt.datetime.fromtimestamp(wall, tz=_dt.UTC)
+    return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def plan_view(raw: bytes | None, records: list[dict[str, Any]], now: float) -> dict[str, Any]:

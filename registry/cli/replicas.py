@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from registry.cli._common import CliOptions, admin_command, client, emit, field, new_group
+from registry.cli._common import CliOptions, admin_command, client, emit, field, fmt, new_group
 from registry.cli.ops import REPLICA_COLUMNS
 from registry.cli.tables import extra, text
 
@@ -51,7 +51,8 @@ def plan_summary(plan: dict[str, Any]) -> str:
         )
     desired = ", ".join(f"{pool}={n}" for pool, n in (plan.get("desired_replicas") or {}).items()) or "-"
     age = plan.get("age_s")
-    when = f"{plan.get('at')} ({age:.1f} s ago)" if isinstance(age, int | float) else str(plan.get("at"))
+    at = fmt(plan.get("at"))
+    when = f"{at} ({age:.1f} s ago)" if isinstance(age, int | float) else at
     return f"Plan of {when}; desired replicas: {desired}; copies without a slot: {plan.get('overflow', 0)}"
 
 
