@@ -33,7 +33,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from router.placement import BASELINES, PROFILES, PlacementRequest, ReplicaView, Resident, make_profile
+from router.placement import BASELINES, PROFILES, PlacementRequest, ReplicaView, Residency, make_profile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -68,7 +68,7 @@ def build_cluster(
         for name in chosen:
             busy = running < max_loras and rng.random() < 0.2
             running += busy
-            residents[name] = Resident(
+            residents[name] = Residency(
                 lora_name=name,
                 adapter_id=name,
                 state="resident",
@@ -82,7 +82,7 @@ def build_cluster(
 
 def _view(
     r: int,
-    residents: dict[str, Resident],
+    residents: dict[str, Residency],
     inflight: int,
     rng: random.Random,
     max_loras: int,
@@ -154,7 +154,13 @@ def record(
     for victim in evict:
         residents.pop(victim, None)
     old = residents.get(lora)
-    residents[lora] = Resident(lora, lora, "resident", now, (old.inflight if old else 0) + 1)
+    residents[lora] = Residency(
+        lora_name=lora,
+        state="resident",
+        adapter_id=lora,
+        last_used=now,
+        inflight=(old.inflight if old else 0) + 1,
+    )
     views[i] = _view(i, residents, v.inflight + 1, rng, max_loras, max_adapters)
     # Keep the cluster in a steady state: every other pick, a request finishes somewhere.
     done_i = rng.randrange(len(views))
@@ -164,7 +170,13 @@ def record(
         if busy:
             x = rng.choice(busy)
             res2 = dict(dv.residents)
-            res2[x.lora_name] = Resident(x.lora_name, x.adapter_id, x.state, x.last_used, x.inflight - 1)
+            res2[x.lora_name] = Residency(
+                lora_name=x.lora_name,
+                state=x.state,
+                adapter_id=x.adapter_id,
+                last_used=x.last_used,
+                inflight=x.inflight - 1,
+            )
             views[done_i] = _view(done_i, res2, max(0, dv.inflight - 1), rng, max_loras, max_adapters)
             return [i, done_i]
     return [i]
@@ -184,7 +196,7 @@ def _router(
     from router.metrics import RouterMetrics
     from router.planner import Planner
     from router.settings import PoolConfig, RouterSettings
-    from router.store import ReplicaStore, Residency
+    from router.store import ReplicaStore
 
     infos = [
         VersionInfo(
@@ -221,8 +233,14 @@ def _router(
         st.healthy = v.healthy
         for x in v.residents.values():
             st.residents[x.lora_name] = Residency(
-                x.lora_name, x.adapter_id, "v1", x.state, 0.0, x.last_used, x.inflight
+                lora_name=x.lora_name,
+                state=x.state,
+                adapter_id=x.adapter_id,
+                version="v1",
+                last_used=x.last_used,
             )
+            if x.inflight:
+                st.local[x.lora_name] = x.inflight
         st.inflight = v.inflight
         states.append(st)
     hot = HotSet(settings, store, clock=lambda: clock[0])
@@ -248,7 +266,6 @@ def run_router_path(
     changes) and ``profile.pick`` over them, as ``Planner.place`` does with ``use_index`` False
     (the same decisions: checked by the caller)."""
     from router.contract import ForwardRequest
-    from router.store import Residency
 
     rng = random.Random(seed)
     planner, states, infos, weights, now_box = _router(rng, n_replicas, n_adapters, max_adapters, max_loras)
@@ -280,19 +297,16 @@ def run_router_path(
             st = states[index[d.replica]]
             for victim in d.evict:
                 st.residents.pop(victim, None)
-            r = st.residents.get(lora)
-            if r is None:
-                st.residents[lora] = Residency(lora, info.adapter_id, "v1", "resident", now, now, 1)
-            else:
-                r.inflight += 1
-                r.last_used = now
-            st.inflight += 1
+            if st.residents.get(lora) is None:
+                st.residents[lora] = Residency(
+                    lora_name=lora, state="resident", adapter_id=info.adapter_id, version="v1", since=now
+                )
+            st.start(lora, now)  # in flight there, last use now (as the runtime records a request)
             if k % 2 == 0:  # a request finishes somewhere
                 done = states[rng.randrange(len(states))]
-                busy = [x for x in done.residents.values() if x.inflight]
+                busy = sorted(n for n, c in done.local.items() if c)
                 if busy:
-                    rng.choice(busy).inflight -= 1
-                    done.inflight = max(0, done.inflight - 1)
+                    done.finish(rng.choice(busy), now)
     finally:
         gc.enable()
     return times, actions

@@ -1,21 +1,32 @@
-"""Routing benchmark: replay a trace through each placement profile against simulated replicas.
+"""Routing benchmark: replay workloads through each placement profile against simulated replicas.
 
 The replay (``benchmarks/replay.py``) runs every replica's ``simulator.engine.EngineModel`` in
 virtual time with the router side modelled as loraplane's runtime does it (residency records,
-in-flight counts, singleflight loads, ``Decision.evict`` executed as is, scraped gauges), so a
-10-minute trace replays in seconds and loads counts do not depend on the machine's load.
+in-flight counts, singleflight loads, ``Decision.evict`` executed as is, scraped gauges, the
+approximate prefix index), so a trace of minutes replays in seconds and every count except the
+decision time does not depend on the machine's load.
 
-Per trace it also prints the offline lower bound on loads (``benchmarks/bounds.py``): the
-compulsory loads (distinct adapters) and Belady's MIN on one cache of replicas × max_adapters
-items, which no policy can beat, and each profile's loads as a multiple of MIN (``xMIN``).
+Workloads (``benchmarks/workloads.py``, seeded): Zipf α 0.3/0.6/0.8/1.2, diurnal, flash crowd,
+MMPP bursts, shared system prompts with multi-turn sessions, one heavy tenant. Profiles:
+loraplane's ``default``; the Dynamo-style controller and the llm-d default scorer set
+(``benchmarks/baselines``); GIE-style LoRA affinity, least-request, round-robin, random
+(``router.placement``); on the shared-prefix trace also ``prefix-oracle`` (the replica holding
+the adapter with the longest true cached prefix).
+
+Per trace: the offline lower bound on loads (``benchmarks/bounds.py``, Belady's MIN on one cache
+of replicas × max_adapters), and per profile loads (×MIN), loads per tier (cold loads by the
+router, CPU → GPU copies, disk re-reads), p50/p99 TTFT, prefill tokens computed, slot churn,
+Jain's index over per-tenant mean TTFT, decision time. Then each of issue 28's targets, met or
+not, per trace.
 
 Usage::
 
-    python -m benchmarks.routing                       # both scenarios, seeds 0,1,2, all profiles
-    python -m benchmarks.routing --trace my.jsonl      # a trace file instead of the generator
-    python -m benchmarks.routing --duration 120 --seeds 0
+    python -m benchmarks.routing                          # every workload, 180 s each, seed 0
+    python -m benchmarks.routing --workloads zipf-1.2,mmpp --duration 600 --seed 1
+    python -m benchmarks.routing --trace my.jsonl         # a trace file instead
 
-Prints a table per scenario and profile and writes ``benchmarks/results/routing.json``.
+Workloads run in ``--jobs`` worker processes (2 by default); each prints its table when done.
+Writes ``benchmarks/results/routing.json``.
 """
 
 from __future__ import annotations
@@ -23,8 +34,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
-from collections import defaultdict
+import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -32,65 +45,104 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import workloads as wl
+from benchmarks.baselines import BENCH_PROFILES, make_bench_profile
 from benchmarks.bounds import bounds
 from benchmarks.replay import ClusterConfig, RunResult, replay
-from benchmarks.traces import TraceRequest, TraceSpec, generate, read_trace
-from router.placement import BASELINES, make_profile
+from benchmarks.targets import check_targets, decision_scaling
+from benchmarks.traces import TraceRequest, read_trace
+from router.placement import make_profile
+from router.placement.types import Profile
 
 __all__ = ["PROFILES", "ClusterConfig", "RunResult", "main", "replay"]
 
-PROFILES = ("default", *BASELINES)
-# Extra rows: [label, profile, params]. default-lru: the default profile as it was before the
-# cost-aware evictor and eviction-cost scorer (LRU idle eviction, free-slot scorer).
-VARIANTS = [["default-lru", "default", {"evictor": "lru-idle-keep-hot"}]]
+PROFILES = ("default", "dynamo", "llm-d", "gie-lora-affinity", "least-request", "round-robin", "random")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-SCENARIOS = {
-    "skewed": {"alpha": 1.0},
-    "uniform": {"alpha": 0.1},
-}
+def build(name: str, seed: int, params: dict[str, Any]) -> Profile:
+    if name in BENCH_PROFILES:
+        return make_bench_profile(name, **({"seed": seed} if name == "llm-d" else {}))
+    if name in ("random", "gie-lora-affinity"):
+        return make_profile(name, seed=seed)
+    return make_profile(name, **(params if name == "default" else {}))
+
+
+HEADER = (
+    f"  {'profile':<17} {'loads':>5} {'xMIN':>5} {'cpu':>5} {'disk':>5} {'p50':>6} {'p99':>6} "
+    f"{'prefill':>8} {'churn':>5} {'jain':>5} {'dec':>6} {'dec99':>6}\n"
+    f"  {'':<17} {'':>5} {'':>5} {'':>5} {'':>5} {'ms':>6} {'ms':>6} {'ktok':>8} {'':>5} {'':>5} "
+    f"{'µs':>6} {'µs':>6}"
+)
 
 
 def _row(r: RunResult) -> str:
     return (
-        f"  {r.profile:<18} {r.loads:>6} {r.loads_vs_min:>6.2f} {r.replications:>5} "
-        f"{r.ttft_p50_s * 1000:>9.0f} {r.ttft_p99_s * 1000:>9.0f} {r.worst_adapter_p99_s * 1000:>10.0f} "
-        f"{r.throughput_rps:>7.2f} {r.throughput_tok_s:>8.0f} {r.failed:>5} {r.wall_s:>6.1f}"
+        f"  {r.profile:<17} {r.loads:>5} {r.loads_vs_min:>5.2f} {r.cpu_reloads:>5} {r.disk_rereads:>5} "
+        f"{r.ttft_p50_s * 1000:>6.0f} {r.ttft_p99_s * 1000:>6.0f} {r.prefill_tokens / 1000:>8.0f} "
+        f"{r.churn:>5} {r.jain_ttft:>5.2f} {r.decision_us_mean:>6.0f} {r.decision_us_p99:>6.0f}"
     )
 
 
-HEADER = (
-    f"  {'profile':<18} {'loads':>6} {'xMIN':>6} {'repl':>5} {'ttft_p50':>9} {'ttft_p99':>9} "
-    f"{'worst_p99':>10} {'req/s':>7} {'tok/s':>8} {'fail':>5} {'wall':>6}\n"
-    f"  {'':<18} {'':>6} {'':>6} {'':>5} {'(ms)':>9} {'(ms)':>9} {'(ms)':>10}"
-)
+def _run_one(
+    job: tuple[str, list[TraceRequest], ClusterConfig, list[str], int, dict[str, Any]],
+) -> tuple[str, dict[str, Any]]:
+    """One workload through every profile: (its printed table, its report entry)."""
+    name, trace, cfg, profiles, seed, params = job
+    out: list[str] = []
+    bound = bounds([r.adapter for r in trace], cfg.replicas * cfg.max_adapters)
+    prompt = sum(r.prompt_tokens for r in trace)
+    out.append(f"\n== {name}: {len(trace)} requests, {prompt / 1000:.0f}k prompt tokens")
+    out.append(
+        f"  lower bound on loads: {bound['compulsory']} compulsory, {bound['belady_min']} Belady MIN "
+        f"(one cache of {bound['capacity']})"
+    )
+    out.append(HEADER)
+    rows = list(profiles)
+    if name == wl.PREFIX and "prefix-oracle" not in rows:
+        rows.append("prefix-oracle")
+    results = []
+    for label in rows:
+        source = "engine" if label == "prefix-oracle" else "index"
+        r = replay(trace, build(label, seed, params), cfg, prefix_source=source)
+        r.profile = label
+        r.loads_vs_min = r.loads / bound["belady_min"] if bound["belady_min"] else math.nan
+        results.append(r)
+        out.append(_row(r))
+    refused = [r.profile for r in results if r.decisions.get("no-capacity")]
+    if refused:
+        out.append(
+            f"  note: {', '.join(refused)} refused requests (retried later): xMIN is approximate there"
+        )
+    for r in results:
+        t = r.tenant_p99_s
+        if t:
+            out.append(
+                f"  {r.profile:<17} tenant p99 ms: heavy {t['heavy'] * 1000:.0f}, "
+                f"light {t['light'] * 1000:.0f}, worst light tenant {t['worst_light'] * 1000:.0f}"
+            )
+    run = {"workload": name, "requests": len(trace), "bound": bound, "results": [asdict(r) for r in results]}
+    return "\n".join(out), run
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", type=Path, help="JSON-lines trace file (instead of the generator)")
-    ap.add_argument("--scenarios", default="skewed,uniform", help="generator scenarios to run")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--adapters", type=int, default=500)
-    ap.add_argument("--rate", type=float, default=4.0, help="requests per second")
-    ap.add_argument("--cv", type=float, default=1.0, help="burstiness (CV of inter-arrivals)")
-    ap.add_argument("--duration", type=float, default=600.0, help="trace length in seconds")
+    ap.add_argument("--trace", type=Path, help="JSON-lines trace file (instead of the workloads)")
+    ap.add_argument("--workloads", default=",".join(wl.WORKLOADS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rate", type=float, default=4.0, help="mean requests per second")
+    ap.add_argument("--duration", type=float, default=180.0, help="seconds per workload")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (workloads in parallel)")
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--max-loras", type=int, default=4)
     ap.add_argument("--max-adapters", type=int, default=16)
+    ap.add_argument("--max-cpu-loras", type=int, default=8)
+    ap.add_argument("--prefix-cache-blocks", type=int, default=4096, help="per replica, 16 tokens each")
     ap.add_argument("--adapter-mb", type=float, default=32.0)
     ap.add_argument("--load-overhead", type=float, default=0.1, help="router-side seconds per load")
-    ap.add_argument("--scrape-interval", type=float, default=0.05)
     ap.add_argument("--profiles", default=",".join(PROFILES))
-    ap.add_argument(
-        "--params", default="{}", help='JSON params for the default profile, e.g. {"high_water":0.6}'
-    )
-    ap.add_argument(
-        "--variants",
-        default=json.dumps(VARIANTS),
-        help='JSON list of extra rows [label, profile, params] ("[]" for none)',
-    )
+    ap.add_argument("--params", default="{}", help="JSON params for the default profile")
+    ap.add_argument("--no-scaling", action="store_true", help="skip the 100 vs 1,000 replicas decision time")
     ap.add_argument("--out", type=Path, default=RESULTS / "routing.json")
     a = ap.parse_args(argv)
 
@@ -100,114 +152,52 @@ def main(argv: list[str] | None = None) -> int:
         max_adapters=a.max_adapters,
         adapter_bytes=int(a.adapter_mb * 1024 * 1024),
         load_overhead_s=a.load_overhead,
-        scrape_interval_s=a.scrape_interval,
+        max_cpu_loras=a.max_cpu_loras,
+        prefix_cache_blocks=a.prefix_cache_blocks,
     )
-    default_params = json.loads(a.params)
+    params = json.loads(a.params)
     profiles = [p for p in a.profiles.split(",") if p]
-    variants = [(str(label), str(name), dict(params)) for label, name, params in json.loads(a.variants)]
-    runs: list[tuple[str, int | None, dict[str, Any], list[TraceRequest]]] = []
+    runs: list[tuple[str, list[TraceRequest]]] = []
     if a.trace:
-        runs.append((a.trace.name, None, {"file": str(a.trace)}, read_trace(a.trace)))
+        runs.append((a.trace.name, read_trace(a.trace)))
     else:
-        for scen in [s for s in a.scenarios.split(",") if s]:
-            for seed in [int(s) for s in a.seeds.split(",") if s]:
-                spec = TraceSpec(
-                    n_adapters=a.adapters,
-                    alpha=SCENARIOS[scen]["alpha"],
-                    rate=a.rate,
-                    cv=a.cv,
-                    duration_s=a.duration,
-                    seed=seed,
-                )
-                runs.append((scen, seed, asdict(spec), generate(spec)))
+        for name in [w for w in a.workloads.split(",") if w]:
+            runs.append((name, wl.make(name, duration_s=a.duration, seed=a.seed, rate=a.rate)))
 
+    started = time.time()
+    load0 = os.getloadavg()
+    print(f"load average at start: {load0[0]:.2f} ({os.cpu_count()} CPUs); cluster {asdict(cfg)}")
     report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "cluster": asdict(cfg),
-        "default_params": default_params,
-        "variants": variants,
+        "seed": a.seed,
+        "rate": a.rate,
+        "duration_s": a.duration,
+        "default_params": params,
+        "load_average_start": load0,
         "runs": [],
     }
-    for scen, seed_or_none, spec_d, trace in runs:
-        seed = seed_or_none or 0
-        title = f"{scen}" + (f" seed={seed}" if seed_or_none is not None else "")
-        bound = bounds([r.adapter for r in trace], cfg.replicas * cfg.max_adapters)
-        print(f"\n== {title}: {len(trace)} requests, {spec_d}")
-        print(
-            f"  lower bound on loads: {bound['compulsory']} compulsory, {bound['belady_min']} Belady MIN "
-            f"(one cache of {bound['capacity']}); online on that cache: LRU {bound['lru_one_cache']}, "
-            f"LFU {bound['lfu_one_cache']}"
-        )
-        print(HEADER)
-        results = []
-        rows = [(name, name, default_params if name == "default" else {}) for name in profiles] + variants
-        for label, name, params in rows:
-            if name in ("random", "gie-lora-affinity"):
-                params = {**params, "seed": seed}
-            r = replay(trace, make_profile(name, **params), cfg)
-            r.profile = label
-            r.loads_vs_min = r.loads / bound["belady_min"] if bound["belady_min"] else math.nan
-            results.append(r)
-            print(_row(r), flush=True)
-        refused = [r.profile for r in results if r.decisions.get("no-capacity")]
-        if refused:  # retried requests are served out of trace order, which the bound assumes
-            print(f"  note: {', '.join(refused)} refused requests (retried later): xMIN is approximate there")
-        report["runs"].append(
-            {
-                "scenario": scen,
-                "seed": seed_or_none,
-                "trace": spec_d,
-                "bound": bound,
-                "results": [asdict(r) for r in results],
-            }
-        )
-    report["summary"] = _summary(report["runs"])
-    print("\n== default vs baselines (wins on p99 TTFT and loads per run)")
-    for line in report["summary"]["lines"]:
+    jobs = [(name, trace, cfg, profiles, a.seed, params) for name, trace in runs]
+    if a.jobs > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(max_workers=a.jobs) as pool:
+            done = list(pool.map(_run_one, jobs))
+    else:
+        done = [_run_one(j) for j in jobs]
+    for text, run in done:
+        print(text, flush=True)
+        report["runs"].append(run)
+    scaling = None if a.no_scaling else decision_scaling()
+    report["decision_scaling"] = scaling
+    report["targets"] = check_targets(report["runs"], scaling)
+    print("\n== issue 28 targets (default against the best of dynamo and llm-d, round-robin, MIN, oracle)")
+    for line in report["targets"]["lines"]:
         print("  " + line)
-    for label, lead in report["summary"]["p99_lead"].items():
-        print(f"  {label}: lowest p99 TTFT in every run: {'yes' if lead else 'no'}")
-    print("\n== loads / Belady MIN per profile (min–max over the runs)")
-    for line in report["summary"]["vs_min"]:
-        print("  " + line)
+    report["load_average_end"] = os.getloadavg()
+    report["wall_s"] = round(time.time() - started, 1)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=1))
-    print(f"\nwrote {a.out}")
+    print(f"\nwrote {a.out} ({report['wall_s']} s)")
     return 0
-
-
-def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    lines = []
-    all_win = True
-    for run in runs:
-        res = {r["profile"]: r for r in run["results"]}
-        d = res.get("default")
-        if d is None:
-            continue
-        for name, r in res.items():
-            if name not in BASELINES:
-                continue
-            p99 = d["ttft_p99_s"] < r["ttft_p99_s"]
-            ld = d["loads"] < r["loads"]
-            all_win &= p99 and ld
-            dp, rp = d["ttft_p99_s"] * 1000, r["ttft_p99_s"] * 1000
-            lines.append(
-                f"{run['scenario']:<8} seed={run['seed']}  vs {name:<18} p99 {'WIN ' if p99 else 'LOSS'} "
-                f"({dp:.0f} vs {rp:.0f} ms)  loads {'WIN ' if ld else 'LOSS'} ({d['loads']} vs {r['loads']})"
-            )
-    ratios: dict[str, list[float]] = defaultdict(list)
-    for run in runs:
-        for r in run["results"]:
-            ratios[f"{run['scenario']:<8} {r['profile']:<18}"].append(r["loads_vs_min"])
-    vs_min = [f"{k} {min(v):.2f}–{max(v):.2f}" for k, v in ratios.items()]
-    # Per non-baseline row (default and its variants): lower p99 TTFT than every baseline, every run.
-    p99_lead: dict[str, bool] = {}
-    for run in runs:
-        base = [r["ttft_p99_s"] for r in run["results"] if r["profile"] in BASELINES]
-        for r in run["results"]:
-            if r["profile"] not in BASELINES:
-                lead = all(r["ttft_p99_s"] < b for b in base)
-                p99_lead[r["profile"]] = p99_lead.get(r["profile"], True) and lead
-    return {"default_wins_everywhere": all_win, "lines": lines, "vs_min": vs_min, "p99_lead": p99_lead}
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ with mean ``1/rate`` and coefficient of variation ``cv`` (cv = 1 is Poisson; lar
 burstier), input and output lengths are uniform in ``[8, 512]``. Seedable.
 
 A trace file holds one JSON object per line: ``{"t": seconds from start, "adapter": name,
-"prompt_tokens": n, "output_tokens": n}`` (``adapter`` null → a base-model request).
+"prompt_tokens": n, "output_tokens": n}`` (``adapter`` null → a base-model request), optionally
+with ``"tenant"``, ``"system_tokens"`` and ``"session"`` (see ``TraceRequest``). The other
+workloads of the routing benchmark (Zipf sweeps, diurnal, flash crowd, MMPP, shared prompts with
+sessions, one heavy tenant) are in ``benchmarks/workloads.py``.
 
 Run ``python -m benchmarks.traces --out trace.jsonl`` to write one.
 """
@@ -27,6 +30,12 @@ class TraceRequest:
     adapter: str | None
     prompt_tokens: int
     output_tokens: int
+    # Optional (``benchmarks/workloads.py``): the tenant that sent it; the leading tokens of the
+    # prompt that are the adapter's shared system prompt; the conversation it belongs to (every
+    # turn's prompt starts with the whole previous turn). Empty / 0: a prompt shared with nothing.
+    tenant: str = ""
+    system_tokens: int = 0
+    session: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +115,9 @@ def read_trace(path: Path) -> list[TraceRequest]:
                         None if adapter is None else str(adapter),
                         int(obj["prompt_tokens"]),
                         int(obj["output_tokens"]),
+                        str(obj.get("tenant", "")),
+                        int(obj.get("system_tokens", 0)),
+                        str(obj.get("session", "")),
                     )
                 )
             except (ValueError, KeyError, TypeError) as exc:
