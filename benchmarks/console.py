@@ -88,6 +88,30 @@ class FakeDirectory:
     async def list_replicas(self) -> list[dict[str, Any]]:
         return self._records
 
+    async def plan(self) -> dict[str, Any]:
+        """The placement plan: one planned copy of every tenth adapter on its first replica."""
+        planned = sorted({a["lora_name"] for r in self._records for a in r["adapters"]})[::10]
+        return {
+            "published": True,
+            "at": "2026-12-01T00:00:00.000Z",
+            "age_s": 1.0,
+            "desired_replicas": {"bench": len(self._records)},
+            "overflow": 0,
+            "adapters": [
+                {
+                    "adapter": name.split("@")[0],
+                    "version": "v1",
+                    "lora_name": name,
+                    "demand_rps": 1.0,
+                    "planned_replicas": 1,
+                    "targets": [self._records[0]["url"]],
+                    "current": [],
+                    "missing": [self._records[0]["url"]],
+                }
+                for name in planned
+            ],
+        }
+
     async def request_prewarm(self, adapter_id: str, version: str, replicas: int) -> dict[str, Any]:
         return {"targets": []}
 
