@@ -402,7 +402,7 @@ def test_bucket_init_job_is_idempotent_on_a_real_s3(s3_server: Any) -> None:
     assert second.returncode == 0 and "exists" in second.stdout, second.stderr
 
 
-def test_register_base_model_job_uses_the_real_cli() -> None:
+def test_register_base_model_job_uses_the_real_cli(tmp_path: Path) -> None:
     script = _job_script("prod", "loraplane-register-base-model")
     assert "loraplane base-models list --json" in script
     add = re.search(r"loraplane base-models add (.+?)(?<!\\)$", script.replace("\\\n", " "), re.M)
@@ -423,10 +423,11 @@ def test_register_base_model_job_uses_the_real_cli() -> None:
         ({"items": [{"name": "other"}]}, 1),
         ([], 1),
     ):
-        tmp = Path("/tmp/base-models.json")
-        tmp.write_text(json.dumps(listing))
+        listing_file = tmp_path / "base-models.json"
+        listing_file.write_text(json.dumps(listing))
+        code = check.group(1).replace("/tmp/base-models.json", str(listing_file))
         env = {**os.environ, "SERVED_MODEL_NAME": "qwen2.5-14b-instruct"}
-        got = subprocess.run([sys.executable, "-c", check.group(1)], env=env, timeout=30).returncode
+        got = subprocess.run([sys.executable, "-c", code], env=env, timeout=30).returncode
         assert got == rc, listing
 
 
