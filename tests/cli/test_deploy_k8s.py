@@ -32,6 +32,18 @@ from tests.cli.test_deploy import (
     _run,
     _tool,
 )
+from tests.registry.core_support import (  # noqa: F401 - fixtures of the evaluation test
+    AUTH,
+    add_versions,
+    db_url,
+    engine,
+    factory,
+    make_settings,
+    pg_migrated,
+    seed_adapter,
+    sqlite_template,
+)
+from tests.registry.quality_support import json_cases, jsonl
 
 DOC = ROOT / "docs" / "deployment.md"
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -475,6 +487,64 @@ def test_compose_registry_can_start_an_evaluation(monkeypatch: pytest.MonkeyPatc
     assert str(url.port) == services["gateway"]["environment"]["LORAPLANE_GATEWAY_PORT"]
     shared = set(services["registry"]["networks"]) & set(services["gateway"]["networks"])
     assert shared, "the registry reaches the gateway on a shared network"
+
+
+def _deployment_eval_env(source: str) -> dict[str, str]:
+    if source == "compose":
+        return {k: str(v) for k, v in _compose()["services"]["registry"]["environment"].items()}
+    docs = _docs("prod")
+    reg = _container(docs[("Deployment", "loraplane-registry")], "registry")
+    return {k: v for k, v in _env(reg).items() if isinstance(v, str)}
+
+
+@pytest.mark.parametrize("source", ["compose", "k8s"])
+def test_an_evaluation_starts_with_the_deployment_settings(
+    source: str,
+    tmp_path: Path,
+    db_url: str,  # noqa: F811 - the fixture imported above
+    engine: Any,  # noqa: F811
+    factory: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The admin API built with the evaluator settings read from the deployment's registry
+    environment starts an evaluation (202, running) and runs it against the deployment's gateway
+    URL; that host does not resolve here, so the run then fails naming it — instead of the
+    "no gateway is configured" refusal a registry without LORAPLANE_EVAL_GATEWAY_URL gives."""
+    from fastapi.testclient import TestClient
+
+    from registry.api import create_admin_app
+    from registry.quality.settings import EvaluatorSettings
+
+    env = {k: v for k, v in _deployment_eval_env(source).items() if k.startswith("LORAPLANE_EVAL_")}
+    for key in [k for k in os.environ if k.startswith("LORAPLANE_EVAL_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = EvaluatorSettings(eval_request_timeout_s=5)
+    url = settings.gateway_url()
+    assert url == env["LORAPLANE_EVAL_GATEWAY_URL"].rstrip("/")
+    app = create_admin_app(make_settings(tmp_path, db_url), engine=engine, evaluator_settings=settings)
+    v1 = "/admin/v1"
+    with TestClient(app, headers=AUTH) as c:
+        seed_adapter(c, "shop")
+        (version,) = add_versions(factory, "shop", 1)
+        r = c.put(f"{v1}/adapters/shop/regression-set", content=jsonl(json_cases(2)),
+                  headers={"content-type": "application/jsonl"})  # fmt: skip
+        assert r.status_code in (200, 201), r.text
+        r = c.post(f"{v1}/adapters/shop/versions/{version}/evaluations")
+        assert r.status_code == 202, r.text
+        started = r.json()
+        assert started["status"] == "running"
+        deadline = time.monotonic() + 90
+        while True:
+            ev = c.get(f"{v1}/adapters/shop/versions/{version}/evaluations/{started['id']}").json()
+            if ev["status"] != "running":
+                break
+            assert time.monotonic() < deadline, ev
+            time.sleep(0.2)
+    assert ev["status"] == "failed"
+    assert f"cannot reach the gateway at {url}" in ev["error"], ev["error"]
+    assert "no gateway is configured" not in ev["error"]
 
 
 # -- 8. monitoring -----------------------------------------------------------------------------
