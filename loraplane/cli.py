@@ -9,6 +9,7 @@ Sub-apps (module attribute → command group):
   registry.cli:principals_app    → loraplane principals create|list|show|update|token|revoke
   registry.cli:promotions_app    → loraplane promotions list|show|approve|reject
   registry.cli:bulk_app          → loraplane bulk rollback|disable|enable
+  registry.cli:replicas_app      → loraplane replicas list|plan
   registry.cli:contexts_app      → loraplane contexts list|use
 Single commands (module attribute → command):
   simulator.cli:simulate         → loraplane simulate --port P --model NAME …
@@ -45,6 +46,7 @@ _GROUPS = [
     ("registry.cli", "principals_app", "principals"),
     ("registry.cli", "promotions_app", "promotions"),
     ("registry.cli", "bulk_app", "bulk"),
+    ("registry.cli", "replicas_app", "replicas"),
     ("registry.cli", "contexts_app", "contexts"),
 ]
 _COMMANDS = [

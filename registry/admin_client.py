@@ -487,6 +487,11 @@ class AdminClient(GovernanceCalls, QualityCalls):
         page = self.request("GET", "/replicas")
         return page.get("data", []) if isinstance(page, dict) else list(page or [])
 
+    def replica_plan(self) -> JSON:
+        """The published placement plan (``GET /replicas/plan``): desired replicas per pool and,
+        per planned adapter version, demand, planned replicas and where it is now."""
+        return dict(self.request("GET", "/replicas/plan"))
+
     # -- tenants, keys, grants ----------------------------------------------------------------
 
     def create_tenant(

@@ -269,7 +269,7 @@ class Router:
 
     @property
     def directory(self) -> ReplicaDirectory:
-        return LocalReplicaDirectory(self)
+        return LocalReplicaDirectory(self, self.board)
 
     def replica_records(self) -> list[dict[str, Any]]:
         return [] if self._store is None else [self._store.record(r) for r in self._store.replicas.values()]

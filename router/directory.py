@@ -7,12 +7,18 @@
   hash ``<prefix>router:replicas`` (url → record JSON with ``published_at``); prewarm requests
   go onto the list ``<prefix>router:prewarm``, which every gateway's router drains (one of them
   takes each request).
+
+Both also serve the **placement plan** (``plan()``) for the admin API: the document the chore
+leader published on the cluster board (``router.cluster.board``: in process, or
+``<prefix>cl:plan`` in Redis), joined with the replica records to say where each planned adapter
+is now (``plan_view``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as _dt
 import logging
 import time
 from typing import Any, Protocol
@@ -22,7 +28,10 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from kit.errors import NotFound, Unavailable
+from router.cluster.board import Board
+from router.cluster.keys import Keys
 from router.contract import RouterError
+from router.placement.plan import Plan
 
 log = logging.getLogger("loraplane.router.directory")
 
@@ -73,12 +82,83 @@ async def pop_prewarm_requests(redis: aioredis.Redis, prefix: str, limit: int = 
     return out
 
 
+PRESENT = ("resident", "loading", "staging")
+
+
+def _iso(wall: float) -> str:
+    at = _dt.datetime.fromtimestamp(wall, tz=_dt.UTC)
+    return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def plan_view(raw: bytes | None, records: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    """The published plan document ``raw`` (or None: no plan), for operators: per planned adapter
+    version its forecast demand, planned replicas and where it is now (from the replica
+    ``records``), busiest first; per pool the desired replicas (the autoscaling signal)."""
+    out: dict[str, Any] = {
+        "published": False,
+        "at": None,
+        "age_s": None,
+        "desired_replicas": {},
+        "overflow": 0,
+        "adapters": [],
+    }
+    if raw is None:
+        return out
+    try:
+        plan = Plan.from_json(orjson.loads(raw))
+    except (ValueError, TypeError, KeyError, AssertionError, IndexError, orjson.JSONDecodeError) as exc:
+        log.warning("unreadable placement plan: %s", exc, extra={"error": str(exc)})
+        return {**out, "problem": "the published plan is unreadable"}
+    where: dict[str, list[dict[str, str]]] = {}
+    for rec in records:
+        for a in rec.get("adapters") or []:
+            if a.get("state") in PRESENT and a.get("lora_name"):
+                where.setdefault(str(a["lora_name"]), []).append(
+                    {"url": str(rec.get("url")), "state": str(a["state"])}
+                )
+    rows: list[dict[str, Any]] = []
+    for name in plan.targets.keys() | plan.adapters.keys():
+        adapter, version = plan.adapters.get(name, (name, ""))
+        targets = sorted(plan.targets.get(name, ()))
+        current = sorted(where.get(name, []), key=lambda c: c["url"])
+        held = {c["url"] for c in current}
+        rows.append(
+            {
+                "adapter": adapter,
+                "version": version,
+                "lora_name": name,
+                "demand_rps": round(plan.demand.get(name, 0.0), 6),
+                "planned_replicas": len(targets),
+                "targets": targets,
+                "current": current,
+                "missing": [u for u in targets if u not in held],
+            }
+        )
+    rows.sort(key=lambda r: (-r["demand_rps"], r["lora_name"]))
+    return {
+        **out,
+        "published": True,
+        "at": _iso(plan.at) if plan.at > 0 else None,
+        "age_s": round(max(0.0, now - plan.at), 3) if plan.at > 0 else None,
+        "desired_replicas": dict(sorted(plan.desired.items())),
+        "overflow": plan.overflow,
+        "adapters": rows,
+    }
+
+
 class LocalReplicaDirectory:
-    def __init__(self, source: ReplicaSource) -> None:
+    """In process: the router's replica records; the plan from its board (None: no plan)."""
+
+    def __init__(self, source: ReplicaSource, board: Board | None = None) -> None:
         self._source = source
+        self._board = board
 
     async def list_replicas(self) -> list[dict[str, Any]]:
         return self._source.replica_records()
+
+    async def plan(self) -> dict[str, Any]:
+        raw = None if self._board is None else await self._board.get_plan()
+        return plan_view(raw, self._source.replica_records(), time.time())
 
     async def request_prewarm(self, adapter_id: str, version: str, replicas: int) -> dict[str, Any]:
         try:
@@ -144,6 +224,14 @@ class RedisReplicaDirectory:
             out.append(rec)
         out.sort(key=lambda r: str(r.get("url")))
         return out
+
+    async def plan(self) -> dict[str, Any]:
+        try:
+            raw = await self._redis.get(Keys(self._prefix).plan)
+        except RedisError as exc:
+            raise Unavailable(f"placement plan unavailable: {exc}", code="replicas_unavailable") from exc
+        doc = None if raw is None else raw if isinstance(raw, bytes) else str(raw).encode()
+        return plan_view(doc, await self.list_replicas(), time.time())
 
     async def request_prewarm(self, adapter_id: str, version: str, replicas: int) -> dict[str, Any]:
         item = orjson.dumps(

@@ -10,6 +10,7 @@
 - ``principals_app``  → ``loraplane principals create|list|show|update|token|revoke``
 - ``promotions_app``  → ``loraplane promotions list|show|approve|reject``
 - ``bulk_app``        → ``loraplane bulk rollback|disable|enable``
+- ``replicas_app``    → ``loraplane replicas list|plan``
 - ``contexts_app``    → ``loraplane contexts list|use``
 - ``login``, ``whoami`` → ``loraplane login --url … --token … [--context NAME]``, ``loraplane whoami``
 
@@ -28,6 +29,7 @@ from registry.cli.governance import login, principals_app, promotions_app, whoam
 from registry.cli.hf_import import import_version  # noqa: F401  (registers `adapters import`)
 from registry.cli.limits import owners_app  # also registers `adapters limits`
 from registry.cli.quality import evaluate  # noqa: F401  (registers regression-set, quality-policy, eval…)
+from registry.cli.replicas import replicas_app
 from registry.cli.tenants import tenants_app
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "owners_app",
     "principals_app",
     "promotions_app",
+    "replicas_app",
     "tenants_app",
     "whoami",
 ]

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from registry.cli._common import CliOptions, admin_command, client, emit, field
+from registry.cli._common import CliOptions, Column, admin_command, client, emit, field
 from registry.cli.adapters import AdapterArg, _print_change, adapters_app
 from registry.cli.tables import extra, text
 
@@ -33,26 +33,24 @@ def _loaded(replica: dict[str, Any]) -> str:
     return "\n".join(items) or "-"
 
 
+REPLICA_COLUMNS: list[Column] = [
+    ("url", field("url")),
+    ("pool", field("pool")),
+    ("base model", field("base_model")),
+    ("healthy", field("healthy")),
+    ("running", field("running")),
+    ("waiting", field("waiting")),
+    text("adapters", _loaded),
+    extra("last seen", field("last_seen")),
+]
+
+
 @admin_command(adapters_app, "replicas")
 def replicas(opts: CliOptions) -> None:
-    """Every replica: health, adapters loaded, requests running/waiting."""
+    """Every replica: health, adapters loaded, requests running/waiting (also `replicas list`)."""
     with client(opts) as admin:
         rows = admin.list_replicas()
-    emit(
-        opts,
-        rows,
-        columns=[
-            ("url", field("url")),
-            ("pool", field("pool")),
-            ("base model", field("base_model")),
-            ("healthy", field("healthy")),
-            ("running", field("running")),
-            ("waiting", field("waiting")),
-            text("adapters", _loaded),
-            extra("last seen", field("last_seen")),
-        ],
-        title="Replicas",
-    )
+    emit(opts, rows, columns=REPLICA_COLUMNS, title="Replicas")
 
 
 @admin_command(adapters_app, "audit")

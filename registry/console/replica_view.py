@@ -1,4 +1,5 @@
-"""What is loaded where, from the admin app's ``ReplicaDirectory`` (the router's view)."""
+"""What is loaded where, and where the placement plan wants it, from the admin app's
+``ReplicaDirectory`` (the router's view)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,27 @@ async def residency(st: AdminState) -> Residency:
         log.warning("replica directory failed", extra={"error": str(e)})
         return Residency(ok=False, problem=f"the replica directory failed: {type(e).__name__}")
     return Residency(ok=True, replicas=sorted(records, key=lambda r: str(r.get("url"))))
+
+
+@dataclass(frozen=True, slots=True)
+class PlanView:
+    ok: bool
+    plan: dict[str, Any] = field(default_factory=dict)
+    problem: str | None = None
+
+    @property
+    def published(self) -> bool:
+        return bool(self.plan.get("published"))
+
+
+async def placement(st: AdminState) -> PlanView:
+    """The published placement plan (``ReplicaDirectory.plan``); a problem line, never a 500."""
+    directory = st.replica_directory
+    if directory is None:
+        return PlanView(ok=False, problem="no replica directory is attached to this admin API")
+    try:
+        plan = await directory.plan()
+    except Exception as e:  # the directory is another component: say so on the page, never a 500
+        log.warning("placement plan unavailable", extra={"error": str(e)})
+        return PlanView(ok=False, problem=f"the placement plan is unavailable: {type(e).__name__}")
+    return PlanView(ok=True, plan=dict(plan))

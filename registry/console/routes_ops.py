@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from kit.errors import InvalidRequest, LoraplaneError
 from registry.api.deps import AdminState, read
-from registry.console.replica_view import residency
+from registry.console.replica_view import placement, residency
 from registry.console.stats import sparkline, summarize
 from registry.console.web import Viewer, admin, console_of, error_page, render, signed_in
 from registry.services import audit as audit_svc
@@ -45,6 +45,7 @@ AUDIT_ACTIONS = (
 )
 AUDIT_SUBJECT_TYPES = ("adapter", "tenant", "base_model", "owner", "principal")
 GRID_PAGE = 60
+PLAN_ROWS = 200  # planned adapter versions shown, busiest first
 TRAFFIC_PAGE = 50
 
 
@@ -56,8 +57,10 @@ async def replicas_page(
     offset: int = 0,
 ) -> Response:
     """A grid: adapters loaded anywhere (rows, paged) × replicas (columns), with each replica's
-    health, running and waiting requests."""
+    health, running and waiting requests; and the placement plan: per planned adapter version its
+    forecast demand, planned replicas and where it is now, per pool the desired replicas."""
     res = await residency(st)
+    plan = await placement(st)
     adapters, cells = res.grid()
     offset = max(0, offset)
     ctx = {
@@ -68,6 +71,8 @@ async def replicas_page(
         "more": offset + GRID_PAGE < len(adapters),
         "total": len(adapters),
         "page_size": GRID_PAGE,
+        "plan": plan,
+        "plan_rows": PLAN_ROWS,
     }
     return render(request, "replicas.html", ctx, viewer=viewer)
 

@@ -236,7 +236,7 @@ def test_metrics_names_and_lora_requests_info(
     assert unload(vllm_client, name).status_code == 200
 
 
-def test_unload_keeps_serving_until_evicted_but_name_is_gone(
+def test_after_unload_the_name_404s_and_a_reload_serves_the_same_output(
     vllm_client: httpx.Client, engine_adapters: EngineAdapters
 ) -> None:
     """After unload the name 404s at once (frontend registry), and a reload under it works again."""

@@ -60,6 +60,7 @@ MATRIX: dict[tuple[str, str], dict[str, str]] = {
     ("PUT", "/owners/{owner}/limits"): ADMIN,
     ("GET", "/audit"): READ,
     ("GET", "/replicas"): READ,
+    ("GET", "/replicas/plan"): READ,
     ("GET", "/whoami"): READ,
     ("POST", "/principals"): ADMIN,
     ("GET", "/principals"): READ,
