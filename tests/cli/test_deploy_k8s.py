@@ -153,6 +153,39 @@ def test_compose_gateway_metrics_internal_and_scraped_there() -> None:
     assert f"LORAPLANE_GATEWAY_INTERNAL_PORT={INTERNAL_PORT}" in dockerfile  # settings.md: "the image sets"
 
 
+@pytest.mark.parametrize("overlay", ["dev", "prod", "prod-gateway-api"])
+def test_gateway_pools_expand_every_variable(overlay: str) -> None:
+    """The kubelet expands ``$(VAR)`` in LORAPLANE_POOLS from envFrom and the env entries before
+    it; the overlays' patches move LORAPLANE_POOLS to the front, so envFrom must define them."""
+    from router.settings import PoolConfig
+
+    docs = _docs(overlay)
+    secrets = {
+        d["metadata"]["name"]: d["stringData"]
+        for d in yaml.safe_load_all((K8S / "base" / "secret.template.yaml").read_text())
+        if d
+    }
+    gw = _container(docs[("Deployment", "loraplane-gateway")], "gateway")
+    known: dict[str, str] = {}
+    for ref in gw["envFrom"]:
+        if "configMapRef" in ref:
+            known |= docs[("ConfigMap", ref["configMapRef"]["name"])]["data"]
+        else:
+            known |= {k: f"<{k}>" for k in secrets[ref["secretRef"]["name"]]}
+    raw = ""
+    for e in gw["env"]:
+        if e["name"] == "LORAPLANE_POOLS":
+            raw = e["value"]
+            break
+        known[e["name"]] = e.get("value", f"<{e['name']}>")
+    refs = set(re.findall(r"\$\((\w+)\)", raw))
+    assert refs == {"VLLM_API_KEY", "LORAPLANE_AGENT_TOKEN"}
+    assert refs <= known.keys(), f"unexpanded in LORAPLANE_POOLS: {sorted(refs - known.keys())}"
+    pools = json.loads(re.sub(r"\$\((\w+)\)", lambda m: known[m.group(1)], raw))
+    pool = PoolConfig.model_validate(pools[0])
+    assert pool.api_key is not None and pool.api_key.get_secret_value() == "<VLLM_API_KEY>"
+
+
 # -- 2. least privilege for secrets -----------------------------------------------------------
 
 
