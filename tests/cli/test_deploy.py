@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 COMPOSE = ROOT / "docker-compose.yml"
-OVERLAYS = ("dev", "prod")
+OVERLAYS = ("dev", "prod", "prod-gateway-api")
 
 REQUIRED_SECRETS = {
     "POSTGRES_PASSWORD",
@@ -100,6 +100,7 @@ def _settings_fields() -> set[str]:
         ("registry.settings", "RegistrySettings"),
         ("router.settings", "RouterSettings"),
         ("gateway.settings", "GatewaySettings"),
+        ("registry.quality.settings", "EvaluatorSettings"),
     ):
         try:
             klass = getattr(importlib.import_module(mod), cls)
@@ -295,7 +296,7 @@ def test_pools_validate_against_router_settings() -> None:
     assert k8s_pools[0]["api_key"] == "$(VLLM_API_KEY)"
     for name in ("VLLM_API_KEY", "LORAPLANE_AGENT_TOKEN"):
         ref = env[name]["valueFrom"]["secretKeyRef"]
-        assert ref["name"] == "loraplane-secrets" and ref.get("optional", False) is False
+        assert ref["name"] == "loraplane-replicas" and ref.get("optional", False) is False
 
 
 def test_docker_compose_config_is_valid() -> None:
@@ -363,15 +364,16 @@ def test_k8s_objects_are_well_formed_and_consistent() -> None:
     for res in kust["resources"]:
         assert (K8S / "base" / res).is_file()
     assert "secret.template.yaml" not in kust["resources"]
-    secret = next(d for _, d in docs if d["kind"] == "Secret")
+    secrets = {d["metadata"]["name"]: d["stringData"] for _, d in docs if d["kind"] == "Secret"}
     for _, d in docs:
         for c in _containers(d):
             for e in c.get("env", []):
                 ref = e.get("valueFrom", {}).get("secretKeyRef")
                 if ref:
-                    assert ref["key"] in secret["stringData"], f"the Secret template lacks {ref['key']}"
+                    data = secrets[ref["name"]]
+                    assert ref["key"] in data, f"the Secret template's {ref['name']} lacks {ref['key']}"
                     if not ref.get("optional"):
-                        assert secret["stringData"][ref["key"]], f"required {ref['key']} is empty"
+                        assert data[ref["key"]], f"required {ref['key']} is empty"
 
 
 def test_k8s_probes_and_vllm_statefulset() -> None:
@@ -432,7 +434,7 @@ def test_pod_security_restricted_where_the_image_allows() -> None:
     assert ns["pod-security.kubernetes.io/warn"] == ns["pod-security.kubernetes.io/audit"] == "restricted"
     checked = 0
     for (kind, name), d in docs.items():
-        if kind not in ("Deployment", "StatefulSet"):
+        if kind not in ("Deployment", "StatefulSet", "Job"):
             continue
         pod = d["spec"]["template"]["spec"]
         for c in [*pod.get("initContainers", []), *pod["containers"]]:
@@ -441,7 +443,8 @@ def test_pod_security_restricted_where_the_image_allows() -> None:
                 continue
             assert _restricted(pod, c) == [], f"{name}/{c['name']}: {_restricted(pod, c)}"
             checked += 1
-    assert checked == 4  # registry + its db-upgrade init container, gateway, agent
+    # registry + its db-upgrade init container, gateway, agent, and the three setup Jobs
+    assert checked == 7
 
 
 # -- Prometheus and Grafana --------------------------------------------------------------------
@@ -573,7 +576,7 @@ def test_overlay_renders_and_validates_strictly(overlay: str, tmp_path: Path) ->
     assert res.returncode == 0, res.stdout + res.stderr
     # only the Prometheus Operator kinds go without a schema
     unknown = set(re.findall(r"Couldn't find schema for kind (\w+)", res.stdout + res.stderr))
-    assert unknown <= {"ServiceMonitor", "PrometheusRule"}
+    assert unknown <= {"ServiceMonitor", "PrometheusRule", "Gateway", "HTTPRoute"}
 
 
 def _by_kind_name(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -586,7 +589,7 @@ def test_overlay_values_pools_replicas_gpus(overlay: str, gateways: int, replica
 
     docs = _by_kind_name(_render(overlay))
     assert all(d["metadata"].get("namespace") == "loraplane" for k, d in docs.items() if k[0] != "Namespace")
-    assert docs[("Deployment", "loraplane-gateway")]["spec"]["replicas"] == gateways
+    assert "replicas" not in docs[("Deployment", "loraplane-gateway")]["spec"], "the HPA owns the count"
     assert docs[("HorizontalPodAutoscaler", "loraplane-gateway")]["spec"]["minReplicas"] == gateways
     sts = docs[("StatefulSet", "vllm")]
     assert sts["spec"]["replicas"] == replicas
@@ -605,7 +608,7 @@ def test_overlay_values_pools_replicas_gpus(overlay: str, gateways: int, replica
     assert pools[0].base_model == vcm["SERVED_MODEL_NAME"]
     assert pools[0].max_loras == int(vcm["MAX_LORAS"])
     assert {"VLLM_API_KEY", "LORAPLANE_AGENT_TOKEN"} <= env.keys()
-    assert any(ref.get("secretRef", {}).get("name") == "loraplane-secrets" for ref in gw["envFrom"])
+    assert any(ref.get("secretRef", {}).get("name") == "loraplane-backends" for ref in gw["envFrom"])
     monitoring = {("ServiceMonitor", "loraplane-gateway"), ("PrometheusRule", "loraplane")}
     assert (monitoring <= docs.keys()) == (overlay == "prod")
 
