@@ -436,11 +436,6 @@ def test_adapter_size_settings_are_the_ones_the_simulator_flavours_model() -> No
     assert "``--max-loras-per-batch`` (= the pool's ``max_loras``)" in driver
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 26 split the k8s Secret `loraplane-secrets` into loraplane-backends/-admin/-replicas/-hf; "
-    "the engine-* components (owned by engdocs) still name `loraplane-secrets` (NOTES.md)",
-)
 @pytest.mark.parametrize("engine", ENGINES)
 def test_component_secret_refs_name_secrets_of_the_template(engine: str, tmp_path: Path) -> None:
     """Every secretKeyRef/secretRef of the rendered component names a Secret and key that
