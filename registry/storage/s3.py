@@ -285,7 +285,10 @@ class S3ArtifactStore:
             self._live.discard(key_prefix)
         if committed:
             lease = self.leases.release(key_prefix)
-            self.clean_up(Leftover(lease, keys={lease}))  # its own prefix: the lease key alone
+            try:
+                self.cleanup_client.delete_object(Bucket=self.bucket, Key=lease)
+            except (ClientError, BotoCoreError):  # the janitor retries (its prefix: the lease alone)
+                self.janitor.submit(Leftover(lease, keys={lease}))
 
     def clean_up(self, left: Leftover) -> None:
         """Remove what a failed version left; if S3 refuses now, the janitor retries until it

@@ -21,7 +21,7 @@ from tests.registry.test_storage_stores import PART, bucket_keys, open_uploads, 
 
 ORPHAN_AGE_S = 1.0
 RENEW_S = 0.3
-TTL_S = 2.0
+TTL_S = 5.0  # well above the first sweep's time, on a busy machine too
 
 
 class NoRows:
