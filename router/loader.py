@@ -254,6 +254,7 @@ class Loader:
             log.warning(
                 "adapter load unanswered; watching the replica", extra={**details, "error": res.message}
             )
+            await self._cluster.set_state(rep.url, name, "loading", settling=True)
             if await self._settle(rep, name):
                 res = LoadResult(True)
         if not (res.ok or res.failure == "conflict"):
