@@ -45,9 +45,9 @@ def snapshot_applier(engine: Engine) -> ChangeApplier:
 def make_limiter(settings: GatewaySettings, redis: Any | None = None) -> Limiter:
     """Redis limiter when Redis is configured (atomic across processes), else in memory."""
     if redis is None and settings.redis_url:
-        from kit.redis_factory import make_redis
+        from kit.redis_factory import redis_from_settings
 
-        redis = make_redis(settings.redis_url, timeout=settings.redis_timeout_s)
+        redis = redis_from_settings(settings, timeout=settings.redis_timeout_s)
     if redis is None:
         return MemoryLimiter()
     return RedisLimiter(
@@ -101,7 +101,7 @@ def make_canary_recorder(settings: GatewaySettings) -> CanaryRecorder:
     traffic counts), else in this process."""
     if not settings.redis_url:
         return MemoryCanaryCounters()
-    from kit.redis_factory import make_redis
+    from kit.redis_factory import redis_from_settings
 
-    redis = make_redis(settings.redis_url, max_connections=4, timeout=settings.redis_timeout_s)
+    redis = redis_from_settings(settings, max_connections=4, timeout=settings.redis_timeout_s)
     return RedisCanaryRecorder(redis, settings.redis_prefix, owns_redis=True)

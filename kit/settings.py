@@ -67,6 +67,19 @@ class LoraplaneSettings(BaseSettings):
         description="Redis URL for rate limits, load locks and replica state. Default: in memory.",
     )
     redis_prefix: str = Field(default="loraplane:", description="Prefix of every Redis key we write.")
+    redis_socket_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="The most one Redis command may wait for its answer (a hung Redis, SIGSTOP'd or "
+        "partitioned, answers nothing): then it fails and the caller falls back (cluster state per "
+        "process, ratelimit_on_error for limits).",
+    )
+    redis_connect_timeout_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="The most opening a new connection to Redis may take (a TCP connect that nothing "
+        "accepts).",
+    )
     admin_token: SecretStr | None = Field(
         default=None, description="Bearer token of the admin API. `loraplane up` generates one if unset."
     )

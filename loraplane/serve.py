@@ -35,7 +35,7 @@ async def run_serve(role: Role) -> None:
     from gateway.serving import make_server, serve_all
     from kit.db import make_engine, make_session_factory
     from kit.errors import Unavailable
-    from kit.redis_factory import make_redis
+    from kit.redis_factory import redis_from_settings
     from registry.feed import make_feed
     from registry.migrate import check_schema
     from registry.settings import RegistrySettings
@@ -60,7 +60,7 @@ async def run_serve(role: Role) -> None:
     servers: list[QuietServer] = []
     router: Any = None
     audit: Any = None
-    redis = make_redis(reg_settings.redis_url) if reg_settings.redis_url else None
+    redis = redis_from_settings(reg_settings) if reg_settings.redis_url else None
     store: Any = None
     gateway: Any = None
     closers: list[Any] = []  # the console's traffic samplers (daemon threads)

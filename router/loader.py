@@ -30,6 +30,7 @@ from router.audit import RouterAudit
 from router.claims import SlotClaims
 from router.cluster import ClusterState
 from router.contract import NoCapacity
+from router.drivers import DriverError, LoadResult
 from router.errors import LoadError
 from router.metrics import RouterMetrics
 from router.placement.types import Residency, ResidencyState
@@ -39,6 +40,10 @@ from router.store import ReplicaState, ReplicaStore
 from router.unloader import Unloader
 
 log = logging.getLogger("loraplane.router.loader")
+
+# Load failures without an answer after which the replica may still hold the adapter.
+MAYBE_LOADED = frozenset({"timeout", "other"})
+SETTLE_POLL_S = 0.25  # how often the replica's listing is read while an unanswered load settles
 
 
 class Loader:
@@ -243,6 +248,15 @@ class Loader:
             with contextlib.suppress(StagingError):
                 path = await stager.stage(rep.url, rep.host, version)
                 res = await driver.load(rep.url, name, path, timeout, pinned=pinned, int_id=version.int_id)
+        if not res.ok and res.status is None and res.failure in MAYBE_LOADED:
+            # No answer: the replica may still finish this load. Until it shows (or is unloaded)
+            # the record stays ``loading``, counted toward ``max_adapters`` (issue 24.9).
+            log.warning(
+                "adapter load unanswered; watching the replica", extra={**details, "error": res.message}
+            )
+            await self._cluster.set_state(rep.url, name, "loading", settling=True)
+            if await self._settle(rep, name):
+                res = LoadResult(True)
         if not (res.ok or res.failure == "conflict"):
             failure = res.failure or "other"
             if failure == "replica_down":
@@ -269,6 +283,32 @@ class Loader:
         ms = round(duration * 1000, 1)
         log.info("adapter loaded", extra={**details, "duration_ms": ms})
         await self._audit.event("adapter.loaded", version.adapter_id, {**details, "duration_ms": ms})
+
+    async def _settle(self, rep: ReplicaState, name: str) -> bool:
+        """After an unanswered load call: True once the replica lists ``name`` (it loaded after
+        all), within ``load_settle_s``; else False, after an unload (best effort: a load that
+        completes after the last look must not stay uncounted). A replica whose listing is not
+        the truth about what it holds is only waited for, then unloaded."""
+        driver = rep.driver
+        settings = self._settings
+        deadline = self._clock() + settings.load_settle_s
+        while True:
+            if driver.capabilities.lists_adapters:
+                with contextlib.suppress(DriverError, TimeoutError):
+                    models = await driver.list_adapters(rep.url, settings.poll_timeout_s)
+                    if name in models.adapters:
+                        return True
+            left = deadline - self._clock()
+            if left <= 0:
+                break
+            await asyncio.sleep(min(SETTLE_POLL_S, left))
+        res = await driver.unload(rep.url, name, settings.load_timeout_s)
+        if not res.ok:
+            log.warning(
+                "unload after an unanswered load failed",
+                extra={"replica": rep.url, "lora_name": name, "error": res.message},
+            )
+        return False
 
     def _fail(self, rep: ReplicaState, lora_name: str, reason: str) -> None:
         r = rep.residents.get(lora_name)

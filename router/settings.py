@@ -169,6 +169,14 @@ class RouterSettings(LoraplaneSettings):
         default=None, description="Local staging directory (default: data_dir/staging)."
     )
     load_timeout_s: float = Field(default=30.0, description="Longest a request waits for an adapter load.")
+    load_settle_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="A load call that went unanswered (timed out, or its connection broke with the replica "
+        "up) may still finish on the replica: for up to this long the adapter stays counted toward "
+        "max_adapters (as loading) while the replica's listing is watched for it; if it never shows, "
+        "the router unloads it to be sure and the load counts as failed.",
+    )
     max_loads_per_replica: int = Field(
         default=1,
         ge=0,

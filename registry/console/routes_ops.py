@@ -111,9 +111,12 @@ def _since(value: str | None) -> datetime | None:
         return None
     try:
         ts = datetime.fromisoformat(value)
-    except ValueError:
-        raise InvalidRequest("since must be an ISO 8601 time", details={"field": "since"}) from None
-    return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
+        # in UTC, as stored: a time whose UTC value is outside years 1..9999 is refused here
+        return ts.astimezone(UTC) if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
+        raise InvalidRequest(
+            "since must be an ISO 8601 time between years 1 and 9999 in UTC", details={"field": "since"}
+        ) from None
 
 
 @router.get("/audit", response_class=HTMLResponse)

@@ -8,7 +8,8 @@ stays bounded) while sha256 and size are computed on the way; a file smaller tha
 a single ``put_object``.
 ``abort()`` aborts open multipart uploads and deletes every object under the version's
 prefix; what S3 refuses then (it is down) is retried in the background until it is gone, and
-``sweep()`` removes what a killed process left (``registry.storage.s3_cleanup``). botocore
+``sweep()`` removes what a killed process left (``registry.storage.s3_cleanup``), never an
+upload another registry process has open (its lease: ``registry.storage.s3_leases``). botocore
 errors become :mod:`kit.errors` (a down S3 is 503 ``storage_unavailable``).
 """
 
@@ -31,6 +32,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from kit.errors import InvalidRequest, LoraplaneError
 from registry.storage.base import SourceEntry, SweepReport, list_file_source, open_file_source
 from registry.storage.s3_cleanup import Janitor, Leftover, clean_leftover, clean_prefix, sweep_s3
+from registry.storage.s3_leases import RENEW_S, TTL_S, UploadLeases, fresh_leases
 from registry.storage.s3_multipart import S3FileWriter, s3_errors, translate_error
 from registry.validation import check_filename
 
@@ -197,7 +199,7 @@ class S3PendingUpload:
         for w in self._writers.values():
             w.close()
         self._state = "committed"
-        self.store.forget(self.key_prefix)
+        self.store.forget(self.key_prefix, committed=True)
 
     def abort(self) -> None:
         with self._lock:
@@ -210,7 +212,8 @@ class S3PendingUpload:
             self._written.clear()
         for w in self._writers.values():
             w._drain(timeout=120)
-        self.store.clean_up(Leftover(self.key_prefix, uploads=uploads, keys=written))
+        lease = self.store.leases.release(self.key_prefix)
+        self.store.clean_up(Leftover(self.key_prefix, uploads=uploads, keys={*written, lease}))
         self.store.forget(self.key_prefix)
 
 
@@ -228,6 +231,8 @@ class S3ArtifactStore:
         workers: int = 8,
         cleanup_client: Any = None,
         janitor_max_delay: float = 10.0,
+        lease_renew_s: float = RENEW_S,
+        lease_ttl_s: float = TTL_S,
     ) -> None:
         if prefix and not prefix.endswith("/"):
             prefix += "/"
@@ -243,6 +248,9 @@ class S3ArtifactStore:
         self.janitor = Janitor(self.cleanup_client, bucket, max_delay=janitor_max_delay)
         self._live: set[str] = set()  # key prefixes of this process's open uploads
         self._live_lock = threading.Lock()
+        # every registry process's open uploads, for every process's sweep (s3_leases)
+        self.leases = UploadLeases(self.cleanup_client, bucket, self.prefix, renew_s=lease_renew_s)
+        self.lease_ttl_s = lease_ttl_s
 
     @classmethod
     def from_settings(cls, settings: RegistrySettings) -> S3ArtifactStore:
@@ -257,6 +265,7 @@ class S3ArtifactStore:
         )
 
     def close(self) -> None:
+        self.leases.stop()
         self.janitor.close()
         self.executor.shutdown(wait=True, cancel_futures=True)
 
@@ -266,12 +275,20 @@ class S3ArtifactStore:
         pending = S3PendingUpload(self, adapter_id)
         with self._live_lock:
             self._live.add(pending.key_prefix)
+        self.leases.add(pending.key_prefix)
         return pending
 
-    def forget(self, key_prefix: str) -> None:
-        """The upload at ``key_prefix`` is over (committed or aborted): the sweeper may judge it."""
+    def forget(self, key_prefix: str, *, committed: bool = False) -> None:
+        """The upload at ``key_prefix`` is over (committed or aborted): the sweeper may judge it.
+        A committed upload's lease is deleted here (an aborted one's with its leftover)."""
         with self._live_lock:
             self._live.discard(key_prefix)
+        if committed:
+            lease = self.leases.release(key_prefix)
+            try:
+                self.cleanup_client.delete_object(Bucket=self.bucket, Key=lease)
+            except (ClientError, BotoCoreError):  # the janitor retries (its prefix: the lease alone)
+                self.janitor.submit(Leftover(lease, keys={lease}))
 
     def clean_up(self, left: Leftover) -> None:
         """Remove what a failed version left; if S3 refuses now, the janitor retries until it
@@ -291,6 +308,7 @@ class S3ArtifactStore:
         with self._live_lock:
             live = set(self._live)
         with s3_errors(f"sweep s3://{self.bucket}/{self.prefix}adapters/"):
+            live |= fresh_leases(self.cleanup_client, self.bucket, self.prefix, self.lease_ttl_s)
             return sweep_s3(
                 self.cleanup_client,
                 self.bucket,

@@ -10,7 +10,8 @@
    janitor is found by listing. An unfinished multipart upload under ``<prefix>adapters/``
    initiated more than ``older_than_s`` ago is aborted; a version prefix
    (``<prefix>adapters/<adapter>/<token>/``) whose newest object is older than that bound and
-   that no version row names is deleted. Uploads open in this process are skipped whatever
+   that no version row names is deleted. Uploads open in this process, or in any other
+   process whose upload lease is fresh (``registry.storage.s3_leases``), are skipped whatever
    their age. ``registry.storage.sweeper`` runs it at start-up and periodically.
 """
 

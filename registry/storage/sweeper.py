@@ -4,7 +4,8 @@ A background thread (daemon) of the admin API process. Each sweep removes what f
 left behind and is older than ``older_than_s`` (unfinished multipart uploads, version prefixes
 no version row names; see ``registry.storage.s3_cleanup``). A sweep that fails (S3 or the
 database down) is logged and tried again at the next tick; several registry processes may sweep
-the same bucket (every step is idempotent).
+the same bucket (every step is idempotent, and S3 uploads that another process has open are
+left alone: their leases, ``registry.storage.s3_leases``).
 """
 
 from __future__ import annotations

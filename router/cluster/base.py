@@ -15,6 +15,9 @@ operations below are the atomic checks that make the copies safe to act on:
   (another process's load failed since ``since``) or ``busy`` (the replica or its pool already
   has its ``LoadCaps`` of loads in flight: wait and claim again). The record count of a replica — loading,
   resident and unloading together — never exceeds ``max_adapters``.
+- ``set_state(…, "loading", settling=True)``: the load call went unanswered and the replica may
+  still finish it (issue 24.9): the record keeps counting toward ``max_adapters`` but no longer
+  toward the ``LoadCaps`` of loads in flight.
 - ``begin_unload`` refuses while any live process has a mark on the adapter there.
 - Processes hold a liveness lease renewed every ``lease_s``/3; records and marks of a process
   whose lease expired are ignored and cleared, so a crashed gateway never pins an adapter.
@@ -101,6 +104,7 @@ class ClusterState(Protocol):
         failure: str = "",
         retry_elsewhere: bool = True,
         reason: str = "",
+        settling: bool = False,
     ) -> None: ...
 
     async def drop(self, url: str, lora_name: str) -> None: ...

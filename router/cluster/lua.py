@@ -9,7 +9,9 @@
 | ``<p>cl:loads:<pool>`` | sorted set ``<replica>|<lora_name>`` → expiry (ms) | loads in flight in a pool |
 | ``<p>cl:gone:<replica>`` | hash lora_name → wall time (s), expires | recent unloads (tombstones) |
 
-A record in ``staging`` or ``unloading`` written by a process whose lease expired is
+A ``loading`` record with ``settling: true`` (its load call went unanswered; the replica may
+still finish it) counts toward ``max_adapters`` but not toward the loads in flight. A record in
+``staging`` or ``unloading`` written by a process whose lease expired is
 abandoned: ``staging`` never reached the engine (dropped); ``loading`` and ``unloading`` may
 have, so they count as ``resident`` again until the next ``/v1/models`` poll says otherwise.
 """
@@ -57,7 +59,7 @@ local function records(res, procs, nowts)
         out[name] = {state = 'resident', raw = v}
       end
     else
-      out[name] = {state = r.state, ts = tonumber(r.ts) or 0, raw = raw[i + 1]}
+      out[name] = {state = r.state, ts = tonumber(r.ts) or 0, raw = raw[i + 1], settling = r.settling == true}
     end
   end
   return out
@@ -103,7 +105,7 @@ local count = 0
 local loading = 0
 for _, r in pairs(recs) do
   if r.state ~= 'failed' then count = count + 1 end
-  if r.state == 'staging' or r.state == 'loading' then loading = loading + 1 end
+  if (r.state == 'staging' or r.state == 'loading') and not r.settling then loading = loading + 1 end
 end
 local mine = recs[ARGV[1]]
 if mine then

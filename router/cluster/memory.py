@@ -36,6 +36,8 @@ class MemoryCluster:
         # (url, lora_name) → wall time it was unloaded or found missing: a poll asked before that
         # must not bring its record back (its answer may have been sent before the unload)
         self._gone: dict[tuple[str, str], float] = {}
+        # loads whose call went unanswered: they occupy a slot but are not loads in flight
+        self._settling: set[tuple[str, str]] = set()
 
     @property
     def shared(self) -> bool:
@@ -108,7 +110,8 @@ class MemoryCluster:
                 return Claim("present", rec)
             if rec.ts >= since:
                 return Claim("failed", rec)
-        if caps.per_replica and sum(1 for r in recs.values() if r.state in LOADING) >= caps.per_replica:
+        loading = sum(1 for n, r in recs.items() if r.state in LOADING and (url, n) not in self._settling)
+        if caps.per_replica and loading >= caps.per_replica:
             return Claim("busy", busy="replica")
         if caps.per_pool and len(self._pool_loads.get(caps.pool, ())) >= caps.per_pool:
             return Claim("busy", busy="pool")
@@ -147,13 +150,19 @@ class MemoryCluster:
         failure: str = "",
         retry_elsewhere: bool = True,
         reason: str = "",
+        settling: bool = False,
     ) -> None:
         self._put(url, lora_name, state, failure=failure, retry_elsewhere=retry_elsewhere, reason=reason)
-        if state not in LOADING:
+        if settling:
+            self._settling.add((url, lora_name))
+        else:
+            self._settling.discard((url, lora_name))
+        if state not in LOADING or settling:
             self._load_over(url, lora_name)
 
     async def drop(self, url: str, lora_name: str) -> None:
         self._recs(url).pop(lora_name, None)
+        self._settling.discard((url, lora_name))
         self._gone[(url, lora_name)] = self._wall()
         self._load_over(url, lora_name)
 

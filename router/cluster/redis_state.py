@@ -172,15 +172,24 @@ class RedisCluster:
         failure: str = "",
         retry_elsewhere: bool = True,
         reason: str = "",
+        settling: bool = False,
     ) -> None:
         await self._local.set_state(
-            url, lora_name, state, failure=failure, retry_elsewhere=retry_elsewhere, reason=reason
+            url,
+            lora_name,
+            state,
+            failure=failure,
+            retry_elsewhere=retry_elsewhere,
+            reason=reason,
+            settling=settling,
         )
         rec: dict[str, Any] = {"state": state, "pid": self.pid, "ts": self._wall()}
         if state == "failed":
             rec.update(failure=failure, retry_elsewhere=retry_elsewhere, reason=reason[:200])
+        if settling:
+            rec["settling"] = True  # counted toward max_adapters, not toward loads in flight (lua.CLAIM)
         await self._write(lambda: self._redis.hset(self._keys.res(url), lora_name, orjson.dumps(rec)))
-        if state not in ("staging", "loading"):
+        if state not in ("staging", "loading") or settling:
             await self._load_over(url, lora_name)
 
     async def drop(self, url: str, lora_name: str) -> None:

@@ -9,6 +9,12 @@ test's own: registry, two gateway processes, three simulator replicas, PostgreSQ
   (the load lease falls back to in-process singleflight, logged) and its audit event is written;
   after the restart the limits hold again (a tenant with a tiny rpm gets 429).
 
+The same two modes with Redis **hung** (SIGSTOP to its processes: connections stay open and
+nothing answers, issue 24.10), with ``LORAPLANE_REDIS_SOCKET_TIMEOUT_S`` and
+``LORAPLANE_REDIS_CONNECT_TIMEOUT_S`` set: every request is answered within a bound those
+timeouts imply (``closed``: 503 ``rate_limiter_unavailable``; ``open``: served, cold loads
+included), and after SIGCONT every gateway serves with its limits again without a restart.
+
 Every request is counted: sent = succeeded + failed with a designed error; no 500, no hang, no
 truncated stream.
 """
@@ -27,7 +33,7 @@ from kit import localservices as ls
 from kit.redis_factory import make_redis
 from tests.gateway.gw_platform import Platform, run_platform
 
-from .harness import MSG, OwnService, Traffic, own_redis, seed, wait_served, wait_until
+from .harness import MSG, OwnService, Report, Traffic, own_redis, seed, wait_served, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.xdist_group("faults-redis")]
 
@@ -38,8 +44,25 @@ SIM_ARGS = ("--load-fixed-s", "0.05", "--decode-base-s", "0.02")
 UNREACHABLE = "ratelimit_store_unreachable"  # the public /readyz reason code
 
 
+# A hung Redis (SIGSTOP: connections stay open, nothing answers; issue 24.10): each command
+# gives up after the socket timeout, a new connection after the connect timeout, a rate-limit
+# round trip after LORAPLANE_REDIS_TIMEOUT_S.
+SOCKET_TIMEOUT_S = 0.5
+CONNECT_TIMEOUT_S = 0.5
+LIMITER_TIMEOUT_S = 1.0
+# The most a request may take while Redis hangs: its limiter round trip, a cluster-state call
+# (mark, claim) and the request itself on a busy shared test machine.
+HUNG_BOUND_S = LIMITER_TIMEOUT_S + 2 * SOCKET_TIMEOUT_S + 3.0
+HUNG_ENV = {
+    "LORAPLANE_REDIS_SOCKET_TIMEOUT_S": str(SOCKET_TIMEOUT_S),
+    "LORAPLANE_REDIS_CONNECT_TIMEOUT_S": str(CONNECT_TIMEOUT_S),
+}
+
+
 @contextlib.contextmanager
-def platform_on_own_redis(s3: ls.S3Server, mode: str) -> Iterator[tuple[Platform, OwnService]]:
+def platform_on_own_redis(
+    s3: ls.S3Server, mode: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[Platform, OwnService]]:
     with (
         own_redis() as rds,
         run_platform(
@@ -48,7 +71,11 @@ def platform_on_own_redis(s3: ls.S3Server, mode: str) -> Iterator[tuple[Platform
             gateways=2,
             sims=3,
             sim_args=SIM_ARGS,
-            env={"LORAPLANE_RATELIMIT_ON_ERROR": mode, "LORAPLANE_REDIS_TIMEOUT_S": "1"},
+            env={
+                "LORAPLANE_RATELIMIT_ON_ERROR": mode,
+                "LORAPLANE_REDIS_TIMEOUT_S": str(LIMITER_TIMEOUT_S),
+                **(env or {}),
+            },
         ) as p,
     ):
         yield p, rds
@@ -235,3 +262,96 @@ def test_pooled_connections_survive_a_redis_restart() -> None:
 
     with own_redis() as rds:
         assert asyncio.run(main(rds)) == [True] * 5
+
+
+# --------------------------------------------------------------------------- Redis hung (SIGSTOP)
+
+
+def assert_bounded(report: Report, what: str) -> None:
+    slowest = max((o.seconds for o in report.outcomes), default=0.0)
+    assert slowest <= HUNG_BOUND_S, f"{what}: slowest {slowest:.2f}s > {HUNG_BOUND_S}s; {report.summary()}"
+
+
+def test_redis_hung_closed_refuses_within_the_timeouts_then_recovers(s3_server: ls.S3Server) -> None:
+    with platform_on_own_redis(s3_server, "closed", HUNG_ENV) as (p, rds):
+        models = seed(p, adapters=4)
+        key = p.keys["acme"]
+        wait_served(p, key, models)
+        traffic = Traffic(p.gateway_urls, key, models, workers=4, bound_s=BOUND_S, max_tokens=12)
+        with traffic:
+            time.sleep(2.0)
+            t_hang = time.monotonic()
+            rds.hang()
+            try:
+
+                def refusing() -> bool:
+                    rs = [readyz(g) for g in p.gateway_urls]
+                    return all(r.status_code == 503 and UNREACHABLE in r.json()["reasons"] for r in rs)
+
+                wait_until(refusing, 10, "every gateway's /readyz 503 with the reason")
+                t_refusing = time.monotonic()
+                time.sleep(4.0)
+            finally:
+                t_cont = time.monotonic()
+                rds.unhang()
+            took = wait_until(lambda: serving(p, key, models[0]), BOUND_S, "every gateway serving again")
+            t_back = time.monotonic()
+            time.sleep(3.0)
+        report = traffic.stop()
+        print(f"hung: refusing after {t_refusing - t_hang:.2f}s, serving {took:.2f}s after; {report!r}")
+        report.assert_accounted({"rate_limiter_unavailable"}, min_sent=40)
+        hung = report.between(t_hang, t_cont)
+        assert hung.sent >= 8, hung.summary()
+        assert_bounded(hung, "while Redis hung")
+        refused = report.between(t_refusing, t_cont - LIMITER_TIMEOUT_S - 0.5)  # ended before SIGCONT
+        assert refused.sent >= 5 and {o.code for o in refused.outcomes} == {"rate_limiter_unavailable"}
+        assert all(o.status == 503 for o in refused.outcomes), refused.summary()
+        assert took <= RECOVER_S + 2 * SOCKET_TIMEOUT_S + 5.0, took
+        after = report.between(t_back)
+        assert after.sent >= 10 and after.count("ok") == after.sent, after.summary()
+
+
+def test_redis_hung_open_serves_within_the_timeouts_cold_loads_included_then_limits_return(
+    s3_server: ls.S3Server,
+) -> None:
+    with platform_on_own_redis(s3_server, "open", HUNG_ENV) as (p, rds):
+        models = seed(p, adapters=6)  # traffic on 4; two stay cold until Redis hangs
+        key = p.keys["acme"]
+        p.admin.create_tenant("tiny", limits={"rpm": 2})
+        p.admin.put_grant("tiny", "fa0")
+        tiny = p.admin.issue_key("tiny")["key"]
+        wait_served(p, key, models[:4])
+        g0, g1 = p.gateway_urls
+        traffic = Traffic(p.gateway_urls, key, models[:4], workers=4, bound_s=BOUND_S, max_tokens=12)
+        with traffic:
+            time.sleep(2.0)
+            t_hang = time.monotonic()
+            rds.hang()
+            try:
+                time.sleep(1.0)
+                # cold loads still work (in-process singleflight), one through each gateway, in bound
+                cold: list[tuple[int, float]] = []
+                for g, m in ((g0, models[4]), (g1, models[5])):
+                    t0 = time.monotonic()
+                    cold.append((chat(g, key, m).status_code, time.monotonic() - t0))
+                assert [c[0] for c in cold] == [200, 200], cold
+                assert all(c[1] <= HUNG_BOUND_S for c in cold), cold
+                time.sleep(4.0)
+            finally:
+                t_cont = time.monotonic()
+                rds.unhang()
+            took = wait_until(lambda: serving(p, key, models[0]), BOUND_S, "every gateway's limiter healthy")
+            t_back = time.monotonic()
+            time.sleep(3.0)
+        report = traffic.stop()
+        print(f"hung open: limiter healthy {took:.2f}s after SIGCONT; {report!r}")
+        report.assert_accounted(set(), min_sent=40)  # open: nothing is refused
+        hung = report.between(t_hang, t_cont)
+        assert hung.sent >= 8 and hung.count("ok") == hung.sent, hung.summary()
+        assert_bounded(hung, "while Redis hung")
+        assert took <= RECOVER_S + 2 * SOCKET_TIMEOUT_S + 5.0, took
+        after = report.between(t_back)
+        assert after.sent >= 10 and after.count("ok") == after.sent, after.summary()
+        # the limits hold again after SIGCONT (Redis kept its data: the tiny bucket may be spent)
+        statuses = [chat(g, tiny, models[0]).status_code for g in (g0, g1, g0, g1)]
+        assert 429 in statuses, statuses

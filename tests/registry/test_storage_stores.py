@@ -176,7 +176,7 @@ def test_s3_abort_leaves_nothing(s3_store: S3ArtifactStore, s3_server: S3Server,
     w = pending.writer("in-flight")
     w.write(os.urandom(PART + 3))  # one part uploaded, multipart upload open
     assert open_uploads(s3_server, s3_bucket) == [pending.key_prefix + "in-flight"]
-    assert len(bucket_keys(s3_server, s3_bucket)) == 2
+    assert len(bucket_keys(s3_server, s3_bucket)) == 3  # two files and the upload's lease
     pending.abort()
     assert bucket_keys(s3_server, s3_bucket) == []
     assert open_uploads(s3_server, s3_bucket) == []

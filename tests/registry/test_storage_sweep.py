@@ -17,6 +17,7 @@ from registry.storage import make_store
 from registry.storage.local import LocalArtifactStore
 from registry.storage.s3 import S3ArtifactStore
 from registry.storage.s3_cleanup import Leftover
+from registry.storage.s3_leases import lease_key
 from registry.storage.sweeper import OrphanSweeper
 from tests.registry.test_storage_stores import (
     PART,
@@ -64,12 +65,13 @@ def test_s3_sweep_removes_old_orphans_only(s3_server: S3Server, s3_bucket: str) 
         referenced = Rows(kept.storage_uri)
         young = store.sweep(referenced, older_than_s=3600)  # everything is younger than an hour
         assert young.prefixes_deleted == [] and young.uploads_aborted == 0
-        assert len(bucket_keys(s3_server, s3_bucket)) == 4
+        assert len(bucket_keys(s3_server, s3_bucket)) == 5  # the live upload's lease included
 
         report = store.sweep(referenced, older_than_s=0)
         assert report.prefixes_deleted == [orphan.storage_uri]
         assert report.objects_deleted == 2 and report.uploads_aborted == 1
-        assert bucket_keys(s3_server, s3_bucket) == sorted([kept.key_prefix + "f", "lp/elsewhere/x"])
+        lease = lease_key("lp/", live.key_prefix)
+        assert bucket_keys(s3_server, s3_bucket) == sorted([kept.key_prefix + "f", "lp/elsewhere/x", lease])
         assert open_uploads(s3_server, s3_bucket) == [live_upload]
         assert referenced.asked == sorted([kept.storage_uri, orphan.storage_uri])
 
