@@ -61,7 +61,7 @@ class SlotClaims:
         since = self._wall()  # a failure recorded after this is the load we joined
         deadline = self._clock() + self._settings.load_timeout_s
         # the load's place in the queue for a load slot, as the tenant's of the request that started it
-        waiter = self._fair.waiter(current_tenant())
+        waiter = self._fair.waiter(current_tenant(), rep.url)
         try:
             if self._fair.waiting:  # loads of this process wait for a slot: queue behind them
                 await waiter.turn(deadline - self._clock())

@@ -8,9 +8,9 @@ reported once it ends. A tenant that starts waiting while others wait is lifted 
 counter among them (to that of the last tenant to stop waiting when none wait), so idle time
 banks no credit. A ``FairQueue`` holds the requests that found no free slot; every ``poll_s``
 (a slot may have freed in another process), or at once when one freed here (``kick``), it
-runs a round: each waiter in turn, the
-tenant with the smallest counter first (then the oldest), gets one try at a place. A waiter
-that gets one leaves; one that does not keeps its place for the next round. ``fifo`` orders by
+runs a round: each waiter in turn, the tenant with the smallest counter first (on a tie: the
+tenant with fewer waiting, then the oldest), gets one try at a place. A waiter that gets one
+leaves; one that does not keeps its place for the next round. ``fifo`` orders by
 arrival only (the baseline of ``benchmarks/fairness.py``).
 
 Counters and queues are per gateway process: each process orders its own waiters (the
@@ -94,9 +94,10 @@ class Charge:
 class Waiter:
     """One request's place in a ``FairQueue`` (kept across its tries: it never loses its age)."""
 
-    def __init__(self, queue: FairQueue, tenant: str, seq: int) -> None:
+    def __init__(self, queue: FairQueue, tenant: str, seq: int, resource: str | None = None) -> None:
         self.tenant = tenant
         self.seq = seq
+        self.resource = resource
         self._queue = queue
         self._go = asyncio.Event()  # set by the round: this waiter's turn
         self._done = asyncio.Event()  # set by the waiter: its try is over (or it left)
@@ -146,15 +147,19 @@ class FairQueue:
         self._seq = itertools.count()
         self._rounds: asyncio.Task[None] | None = None
         self._kicked = asyncio.Event()
+        self.in_round = False  # turns are being given
         self._last_round = 0.0
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
 
-    def waiter(self, tenant: str) -> Waiter:
-        """A place for a request of ``tenant`` (queued at its first ``turn``)."""
-        return Waiter(self, tenant, next(self._seq))
+    def waiter(self, tenant: str, resource: str | None = None) -> Waiter:
+        """A place for a request of ``tenant`` (queued at its first ``turn``). Waiters for the same
+        ``resource`` (a replica's load slots) are served in order: once one found no room in a
+        round, the ones after it wait for the next round (every process claims a freed slot
+        about as often, however many it has waiting)."""
+        return Waiter(self, tenant, next(self._seq), resource)
 
     def kick(self) -> None:
         """A slot freed in this process: the next round starts now, not after ``poll_s`` (at most
@@ -166,8 +171,11 @@ class FairQueue:
         """The queued waiters, the next to try first."""
         return sorted(self._waiters.values(), key=self._key)
 
-    def _key(self, w: Waiter) -> tuple[float, int]:
-        return (self.counters.counter(w.tenant) if self.policy == "vtc" else 0.0, w.seq)
+    def _key(self, w: Waiter) -> tuple[float, int, int]:
+        if self.policy == "fifo":
+            return (0.0, 0, w.seq)
+        # equal counters (a tenant lifted to another's): the one with fewer waiting goes first
+        return (self.counters.counter(w.tenant), self._active.get(w.tenant, 0), w.seq)
 
     def _join(self, w: Waiter) -> None:
         if w.tenant not in self._active:  # newly active: no credit for the time it was idle
@@ -201,20 +209,25 @@ class FairQueue:
             self._kicked.clear()
             await asyncio.sleep(max(0.0, self._last_round + self._min_gap_s - loop.time()))
             self._last_round = loop.time()
+            self.in_round = True
             order = self.order()
             seen = counters.version
+            full: set[str] = set()  # resources a waiter found no room at in this round
             while order and not self._kicked.is_set():  # kicked: start again from the first
                 if counters.version != seen:
                     seen = counters.version
                     order.sort(key=self._key)
                 w = order.pop(0)
-                if not w.queued:
+                if not w.queued or w.resource in full:
                     continue
                 w._done.clear()
                 w._go.set()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(TURN_S):
                         await w._done.wait()
+                if w.queued and w.resource is not None:  # still waiting: no room there
+                    full.add(w.resource)
+            self.in_round = False
 
     async def stop(self) -> None:
         task = self._rounds

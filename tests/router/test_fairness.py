@@ -47,9 +47,11 @@ class Slots:
     async def grant(self, n: int = 1) -> None:
         """Free ``n`` slots, one after another once the last was taken."""
         for _ in range(n):
-            self.free += 1
-            self.queue.kick()
             async with asyncio.timeout(5):
+                while self.queue.in_round:  # a slot frees between rounds: the first in order takes it
+                    await asyncio.sleep(POLL_S)
+                self.free += 1
+                self.queue.kick()
                 while self.free:
                     await asyncio.sleep(POLL_S)
 
@@ -206,3 +208,29 @@ def test_a_charge_is_settled_with_the_usage_once() -> None:
     unanswered = Charge(counters, "u", prompt_estimate=50)
     unanswered.settle(0, 0)  # no answer: nothing served
     assert counters.counter("u") == 0
+
+
+async def test_behind_a_waiter_that_found_no_room_the_same_resource_waits_for_the_next_round() -> None:
+    q = fair_queue()
+    turns: Counter[str] = Counter()
+
+    async def wait(tenant: str, resource: str) -> None:
+        w = q.waiter(tenant, resource)
+        try:
+            while await w.turn(30):
+                turns[resource] += 1  # never any room
+        finally:
+            w.leave()
+
+    tasks = [asyncio.create_task(wait("a", "r1")) for _ in range(3)]
+    await settle(q, 3)
+    tasks.append(asyncio.create_task(wait("b", "r2")))
+    await settle(q, 4)
+    q.kick()
+    async with asyncio.timeout(5):
+        while not turns["r2"] or q.in_round:
+            await asyncio.sleep(POLL_S)
+    assert turns == {"r1": 1, "r2": 1}  # one try at r1 per round, not three
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
