@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections import deque
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Literal
@@ -56,7 +57,6 @@ class VirtualCounters:
     def __init__(self, weights: Mapping[str, float] | None = None) -> None:
         self._weights = dict(weights or {})
         self._counters: dict[str, float] = {}
-        self.version = 0  # moves on every change (the queue re-orders its round)
 
     def counter(self, tenant: str) -> float:
         return self._counters.get(tenant, 0.0)
@@ -65,12 +65,10 @@ class VirtualCounters:
         """Add ``amount`` of service (token cost; negative: a correction), scaled by the weight."""
         w = self._weights.get(tenant, 1.0)
         self._counters[tenant] = self._counters.get(tenant, 0.0) + amount / (w if w > 0 else 1.0)
-        self.version += 1
 
     def lift(self, tenant: str, floor: float) -> None:
         if self._counters.get(tenant, 0.0) < floor:
             self._counters[tenant] = floor
-            self.version += 1
 
 
 class Charge:
@@ -140,7 +138,7 @@ class FairQueue:
         self.counters = counters
         self.policy = policy
         self._poll_s = poll_s
-        self._min_gap_s = poll_s / 5 if min_gap_s is None else min_gap_s  # between rounds
+        self._min_gap_s = poll_s / 2 if min_gap_s is None else min_gap_s  # between rounds
         self._waiters: dict[int, Waiter] = {}
         self._active: dict[str, int] = {}  # tenant → its waiters queued
         self._last_left = 0.0  # the counter of the last tenant that stopped waiting
@@ -163,7 +161,8 @@ class FairQueue:
 
     def kick(self) -> None:
         """A slot freed in this process: the next round starts now, not after ``poll_s`` (at most
-        one per ``min_gap_s``). Slots freed in other processes are found by the polling."""
+        one per ``min_gap_s``, default ``poll_s`` / 2). Slots freed in other processes are found
+        by the polling."""
         if self._waiters:
             self._kicked.set()
 
@@ -199,8 +198,8 @@ class FairQueue:
 
     async def _run(self) -> None:
         """Rounds while anyone waits: each waiter queued when a round starts gets one turn, the
-        smallest counter first (the rest re-ordered when a counter moves during the round)."""
-        counters = self.counters
+        tenant with the smallest counter (as it is now: counters move during a round) first,
+        each tenant's waiters oldest first (O(tenants) a turn)."""
         loop = asyncio.get_running_loop()
         while self._waiters:
             with contextlib.suppress(TimeoutError):
@@ -210,14 +209,16 @@ class FairQueue:
             await asyncio.sleep(max(0.0, self._last_round + self._min_gap_s - loop.time()))
             self._last_round = loop.time()
             self.in_round = True
-            order = self.order()
-            seen = counters.version
+            lines: dict[str, deque[Waiter]] = {}
+            for w in sorted(self._waiters.values(), key=lambda w: w.seq):
+                lines.setdefault(w.tenant, deque()).append(w)
             full: set[str] = set()  # resources a waiter found no room at in this round
-            while order and not self._kicked.is_set():  # kicked: start again from the first
-                if counters.version != seen:
-                    seen = counters.version
-                    order.sort(key=self._key)
-                w = order.pop(0)
+            while lines and not self._kicked.is_set():  # kicked: start again from the first
+                tenant = min(lines, key=lambda t: self._key(lines[t][0]))
+                line = lines[tenant]
+                w = line.popleft()
+                if not line:
+                    del lines[tenant]
                 if not w.queued or w.resource in full:
                     continue
                 w._done.clear()
