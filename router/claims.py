@@ -2,8 +2,10 @@
 
 ``reserve`` loops until this process owns the load of (replica, version) — ``Claim`` with the
 victims to unload first — or another process has loaded it (None). Meanwhile: a replica or pool
-at its cap of loads in flight (``busy``) queues the request, bounded by ``load_timeout_s``
-(then 503 ``no_capacity``); another process's load in progress is waited for; its failure since
+at its cap of loads in flight (``busy``) queues the load, bounded by ``load_timeout_s``
+(then 503 ``no_capacity``), in a fair queue: when a slot frees, the load of the tenant that
+received the least service (the tenant of the request that started it) claims first; another
+process's load in progress is waited for; its failure since
 we started, or a replica with no idle adapter to evict (``full``), is a ``LoadError``.
 """
 
@@ -16,6 +18,7 @@ from collections.abc import Callable, Sequence
 from router.cluster import Claim, ClusterState, LoadCaps
 from router.contract import NoCapacity
 from router.errors import LoadError
+from router.fairness import FairQueue, VirtualCounters, Waiter, current_tenant
 from router.metrics import RouterMetrics
 from router.settings import RouterSettings
 from router.store import ReplicaState
@@ -32,8 +35,11 @@ class SlotClaims:
         *,
         clock: Callable[[], float],
         wall: Callable[[], float] = time.time,
+        fair: FairQueue | None = None,
     ) -> None:
         self._settings = settings
+        # loads waiting for a load slot (the caps), in fairness order (``router.fairness``)
+        self._fair = fair if fair is not None else FairQueue(VirtualCounters(), poll_s=POLL_S)
         self._cluster = cluster
         self._metrics = metrics
         self._clock = clock
@@ -54,6 +60,24 @@ class SlotClaims:
         """The claim that makes this process the loader (None: resident by another's load)."""
         since = self._wall()  # a failure recorded after this is the load we joined
         deadline = self._clock() + self._settings.load_timeout_s
+        # the load's place in the queue for a load slot, as the tenant's of the request that started it
+        waiter = self._fair.waiter(current_tenant(), rep.url)
+        try:
+            if self._fair.waiting:  # loads of this process wait for a slot: queue behind them
+                await waiter.turn(deadline - self._clock())
+            return await self._reserve(rep, name, candidates, since, deadline, waiter)
+        finally:
+            waiter.leave()
+
+    async def _reserve(
+        self,
+        rep: ReplicaState,
+        name: str,
+        candidates: Sequence[str],
+        since: float,
+        deadline: float,
+        waiter: Waiter,
+    ) -> Claim | None:
         while True:
             claim = await self._cluster.claim(
                 rep.url, name, rep.pool.evict_bound, candidates, since, self._caps(rep)
@@ -68,8 +92,9 @@ class SlotClaims:
                         retry_after=2,
                     )
                 self._queued.add((rep.url, name))
-                await asyncio.sleep(POLL_S)
+                await waiter.turn(deadline - self._clock())  # False: the deadline passed: one last try
                 continue
+            waiter.leave()
             self._queued.discard((rep.url, name))
             rec = claim.record
             if claim.outcome == "failed" and rec is not None:

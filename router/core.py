@@ -25,6 +25,7 @@ from registry.audit_sink import AuditSink
 from registry.replicas import ReplicaDirectory
 from registry.snapshot import RoutingSnapshot, VersionInfo
 from router.audit import RouterAudit
+from router.claims import POLL_S as CLAIM_POLL_S
 from router.cluster import Board, ClusterState, MemoryBoard, MemoryCluster, RedisBoard, RedisCluster
 from router.contract import (
     AdapterLoadFailed,
@@ -35,6 +36,7 @@ from router.contract import (
 from router.controller import PlanController
 from router.directory import DirectoryPublisher, LocalReplicaDirectory
 from router.drivers import EngineDriver, ModelsInfo, make_driver
+from router.fairness import FairQueue, VirtualCounters
 from router.fallback import Fallback
 from router.hotness import HotSet
 from router.loader import Loader
@@ -43,7 +45,7 @@ from router.placement.types import Profile
 from router.planner import Planner
 from router.prewarm import PendingPrewarms, Prewarmer
 from router.reconciler import Reconciler
-from router.requests import RequestLoop
+from router.requests import COLD_SLOT_RETRY_S, RequestLoop
 from router.sender import Sender
 from router.settings import RouterSettings
 from router.shared_view import SharedView
@@ -110,6 +112,7 @@ class Router:
         self._pending = PendingPrewarms()  # prewarms waiting for their version's snapshot
         self._tasks: list[asyncio.Task[None]] = []
         self._bg: set[asyncio.Task[Any]] = set()
+        self._fair_queues: list[FairQueue] = []  # requests / loads waiting for a slot (router.fairness)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -139,6 +142,8 @@ class Router:
         stagers = make_stagers(s, self._artifacts, session)
         unloader = self._unloader = Unloader(s, store, stagers, self._events, self.metrics, self.cluster)
         hot = HotSet(s, store, clock=self._clock)
+        # what each tenant was served, shared by the queues for cold slots and for load slots
+        counters = VirtualCounters(s.fairness_weights)
         loader = self._loader = Loader(
             s,
             store,
@@ -149,6 +154,7 @@ class Router:
             unloader,
             clock=self._clock,
             is_hot=lambda name: name in hot.targets,
+            fair=self._queue(counters, CLAIM_POLL_S),
         )
         planner = self._planner = Planner(store, self.profile, hot, self.metrics, clock=self._clock)
         self._requests = RequestLoop(
@@ -160,6 +166,7 @@ class Router:
             hot,
             load_timeout_s=s.load_timeout_s,
             clock=self._clock,
+            fair=self._queue(counters, COLD_SLOT_RETRY_S),
         )
         self.prewarmer = Prewarmer(store, planner, loader)
         self._reconciler = Reconciler(
@@ -204,6 +211,11 @@ class Router:
             self._run(pub.publish_loop(), "publish")
             self._run(pub.prewarm_loop(), "prewarm")
 
+    def _queue(self, counters: VirtualCounters, poll_s: float) -> FairQueue:
+        q = FairQueue(counters, self.settings.fairness, poll_s=poll_s)
+        self._fair_queues.append(q)
+        return q
+
     def _run(self, coro: Any, name: str) -> None:
         self._tasks.append(asyncio.create_task(coro, name=name))
 
@@ -216,6 +228,8 @@ class Router:
         self._tasks.clear()
         if self._loader is not None:
             await self._loader.stop()
+        for q in self._fair_queues:
+            await q.stop()
         if self._store is not None:
             await self._store.stop()
         await self.cluster.stop()

@@ -32,6 +32,7 @@ from router.cluster import ClusterState
 from router.contract import NoCapacity
 from router.drivers import DriverError, LoadResult
 from router.errors import LoadError
+from router.fairness import FairQueue
 from router.metrics import RouterMetrics
 from router.placement.types import Residency, ResidencyState
 from router.settings import RouterSettings
@@ -60,6 +61,7 @@ class Loader:
         clock: Callable[[], float],
         wall: Callable[[], float] = time.time,
         is_hot: Callable[[str], bool] = lambda lora_name: False,
+        fair: FairQueue | None = None,
     ) -> None:
         self._settings = settings
         self._is_hot = is_hot  # a hot version is loaded pinned where the engine can pin
@@ -72,7 +74,7 @@ class Loader:
         self._clock = clock
         self._wall = wall
         self._flights: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._claims = SlotClaims(settings, cluster, metrics, clock=clock, wall=wall)
+        self._claims = SlotClaims(settings, cluster, metrics, clock=clock, wall=wall, fair=fair)
         self._waiters: dict[str, int] = {}
         self._bg: set[asyncio.Task[Any]] = set()
 

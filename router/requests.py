@@ -4,8 +4,10 @@ The planner's decision (``router.planner``) → an in-flight mark on (replica, v
 cluster state (refused while another process unloads it there: place again a moment later) →
 the loader's singleflight verified load if needed (evicting the decision's victims first) →
 the sender through the pool's engine driver. One retry on another replica after a load failure
-that may succeed elsewhere or an error before the first byte; while only the GPU slots kept for
-hot adapters are free, a cold request waits (bounded by the load timeout).
+that may succeed elsewhere or an error before the first byte; while no GPU slot is free for it
+(or only those kept for hot adapters), a cold request waits (bounded by the load timeout) in the
+process's fair queue (``router.fairness``): when a slot frees, the tenant that received the
+least service goes first. Each answer is charged to its tenant's virtual counter.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from router.contract import (
 )
 from router.drivers import Retryable
 from router.errors import LoadError
+from router.fairness import Charge, FairQueue, VirtualCounters, Waiter, set_tenant
 from router.hotness import HotSet
 from router.loader import Loader
 from router.planner import ColdSlotsFull, Planner, SlotsInUse
+from router.prefix import CHARS_PER_TOKEN, prompt_text
 from router.sender import Sender
 from router.store import ReplicaState, ReplicaStore
 
@@ -35,7 +39,7 @@ log = logging.getLogger("loraplane.router")
 
 MARK_RETRY_S = 0.05  # wait between tries while the chosen replica unloads the adapter
 MARK_TRIES = 40
-COLD_SLOT_RETRY_S = 0.05  # wait between placements while only slots reserved for hot ones are free
+COLD_SLOT_RETRY_S = 0.05  # period of the fair queue's rounds: requests waiting for a slot try again
 
 
 class RequestLoop:
@@ -50,6 +54,7 @@ class RequestLoop:
         *,
         load_timeout_s: float,
         clock: Callable[[], float],
+        fair: FairQueue | None = None,
     ) -> None:
         self._store = store
         self._planner = planner
@@ -59,6 +64,7 @@ class RequestLoop:
         self._hot = hot
         self._load_timeout_s = load_timeout_s
         self._clock = clock
+        self._fair = fair if fair is not None else FairQueue(VirtualCounters(), poll_s=COLD_SLOT_RETRY_S)
 
     async def forward(self, req: ForwardRequest) -> ForwardResult:
         t0 = self._clock()
@@ -73,60 +79,79 @@ class RequestLoop:
         cold = False
         last: Exception | None = None
         attempts = refused = 0
-        while attempts < 2:
-            try:
-                rep, decision = self._planner.place(req, excluded)
-            except (ColdSlotsFull, SlotsInUse):  # a bounded queue: wait for a slot to free up
-                if self._clock() - t0 > self._load_timeout_s:
-                    raise
-                await asyncio.sleep(COLD_SLOT_RETRY_S)
-                continue
-            except NoCapacity:
-                if last is None:
-                    raise
-                break  # nowhere left to retry: the first failure is the answer
-            if name is not None and not await self._cluster.mark(rep.url, name):
-                refused += 1  # another process is unloading it there right now
-                if refused >= MARK_TRIES:
-                    excluded.add(rep.url)
-                await asyncio.sleep(MARK_RETRY_S)
-                continue
-            release = self._releaser(rep.url, name)
-            try:
-                if version is not None:
-                    here = rep.residents.get(version.lora_name)
-                    if here is None or here.state != "resident":  # a hit needs no load, no victims
-                        cands = self._planner.candidates(rep, decision, version.lora_name, strict_hot=False)
-                        cold = await self._loader.ensure_loaded(rep, version, cands) or cold
-                return await self._sender.send(rep, req, cold, self._clock() - t0, release)
-            except LoadError as exc:
-                release()
-                last = exc
-                if exc.failure == "no_room" and self._clock() - t0 < self._load_timeout_s:
-                    # every adapter there is serving a request: a bounded wait for one to finish,
-                    # then place again (anywhere), as for a busy cold slot
-                    await asyncio.sleep(COLD_SLOT_RETRY_S)
+        set_tenant(req.tenant_id)  # the loads this request starts wait for a slot as its tenant's
+        fair = self._fair
+        waiter: Waiter | None = None  # its place in the fair queue, once it had to wait for a slot
+        wait = False
+        try:
+            while attempts < 2:
+                if wait:  # a bounded, fairly ordered queue: wait for a turn at a slot that freed
+                    waiter = waiter or fair.waiter(req.tenant_id)
+                    await waiter.turn(self._load_timeout_s - (self._clock() - t0))  # False: one last try
+                    wait = False
+                try:
+                    rep, decision = self._planner.place(req, excluded)
+                except (ColdSlotsFull, SlotsInUse):
+                    if self._clock() - t0 > self._load_timeout_s:
+                        raise
+                    wait = True
                     continue
-                if not exc.retry_elsewhere:
-                    break
-                excluded.add(rep.url)
-            except Retryable as exc:
-                release()
-                last = exc
-                await self._after_retryable(rep, req, exc, excluded)
-            except BaseException:
-                release()
-                raise
-            attempts += 1
-            log.info(
-                "retrying on another replica",
-                extra={
-                    "request_id": req.request_id,
-                    "replica": rep.url,
-                    "error": str(last),
-                    "attempt": attempts,
-                },
-            )
+                except NoCapacity:
+                    if last is None:
+                        raise
+                    break  # nowhere left to retry: the first failure is the answer
+                if waiter is None and fair.waiting and decision.action in ("load", "replicate"):
+                    wait = True  # a slot freed, but others of this process wait for one: queue behind
+                    continue
+                if waiter is not None:
+                    waiter.leave()
+                if name is not None and not await self._cluster.mark(rep.url, name):
+                    refused += 1  # another process is unloading it there right now
+                    if refused >= MARK_TRIES:
+                        excluded.add(rep.url)
+                    await asyncio.sleep(MARK_RETRY_S)
+                    continue
+                release = self._releaser(rep.url, name)
+                try:
+                    if version is not None:
+                        here = rep.residents.get(version.lora_name)
+                        if here is None or here.state != "resident":  # a hit needs no load, no victims
+                            cands = self._planner.candidates(
+                                rep, decision, version.lora_name, strict_hot=False
+                            )
+                            cold = await self._loader.ensure_loaded(rep, version, cands) or cold
+                    return await self._send(rep, req, cold, self._clock() - t0, release)
+                except LoadError as exc:
+                    release()
+                    last = exc
+                    if exc.failure == "no_room" and self._clock() - t0 < self._load_timeout_s:
+                        # every adapter there is serving a request: a bounded wait for one to finish,
+                        # then place again (anywhere), as for a busy cold slot
+                        wait = True
+                        continue
+                    if not exc.retry_elsewhere:
+                        break
+                    excluded.add(rep.url)
+                except Retryable as exc:
+                    release()
+                    last = exc
+                    await self._after_retryable(rep, req, exc, excluded)
+                except BaseException:
+                    release()
+                    raise
+                attempts += 1
+                log.info(
+                    "retrying on another replica",
+                    extra={
+                        "request_id": req.request_id,
+                        "replica": rep.url,
+                        "error": str(last),
+                        "attempt": attempts,
+                    },
+                )
+        finally:
+            if waiter is not None:
+                waiter.leave()
         if isinstance(last, LoadError):
             raise AdapterLoadFailed(
                 f"adapter {req.client_model} could not be loaded: {last.message}",
@@ -136,6 +161,29 @@ class RequestLoop:
             raise UpstreamTimeout(f"replica did not answer in time: {last}")
         raise UpstreamError(f"replica error: {last}")
 
+    async def _send(
+        self, rep: ReplicaState, req: ForwardRequest, cold: bool, queue_s: float, release: Callable[[], None]
+    ) -> ForwardResult:
+        """Send, charging the tenant's virtual counter: the prompt's estimate now, the usage the
+        replica reports once the answer or stream has ended (nothing when no answer came)."""
+        charge = Charge(self._fair.counters, req.tenant_id, len(prompt_text(req.body)) // CHARS_PER_TOKEN)
+        sent: list[ForwardResult] = []
+
+        def end() -> None:
+            release()
+            if sent:
+                _settle(charge, sent[0])
+
+        try:
+            result = await self._sender.send(rep, req, cold, queue_s, end)
+        except BaseException:
+            charge.settle(0, 0)
+            raise
+        sent.append(result)
+        if result.stream is None:
+            _settle(charge, result)
+        return result
+
     def _releaser(self, url: str, name: str | None) -> Callable[[], None]:
         done = False
 
@@ -144,6 +192,7 @@ class RequestLoop:
             if not done and name is not None:
                 done = True
                 self._cluster.unmark(url, name)
+                self._fair.kick()  # an adapter in use may have become idle (evictable)
 
         return release
 
@@ -163,3 +212,9 @@ class RequestLoop:
             r.healthy and r.url != rep.url and r.url not in excluded for r in store.for_base(req.base_model)
         ):
             excluded.add(rep.url)  # else: retry the same one (e.g. a stale pooled connection)
+
+
+def _settle(charge: Charge, result: ForwardResult) -> None:
+    u = result.usage
+    if u is not None:
+        charge.settle(u.prompt_tokens, u.completion_tokens)

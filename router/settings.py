@@ -251,6 +251,17 @@ class RouterSettings(LoraplaneSettings):
     max_cold_waiters_per_adapter: int = Field(
         default=256, description="Requests that may wait for one adapter's load; more get 503."
     )
+    fairness: Literal["vtc", "fifo"] = Field(
+        default="vtc",
+        description="Order of the requests (and loads) waiting for a free GPU slot in a gateway "
+        "process: vtc = the tenant that received the least service first (virtual token counters, "
+        "router/fairness.py); fifo = arrival order.",
+    )
+    fairness_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description='vtc: tenant → weight (JSON object, e.g. {"acme": 2}): a tenant of weight 2 gets '
+        "twice the share of a tenant of weight 1 while they wait; default 1.",
+    )
     retired_idle_unload_s: float = Field(
         default=60.0, description="Retired/non-serving versions are unloaded after this long idle."
     )
