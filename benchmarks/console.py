@@ -63,7 +63,7 @@ class FakeDirectory:
     """A ``registry.replicas.ReplicaDirectory`` with ``replicas`` replicas of 20 residents each."""
 
     def __init__(self, replicas: int, adapters: int) -> None:
-        self._records = [
+        self._records: list[dict[str, Any]] = [
             {
                 "url": f"http://10.0.{i // 250}.{i % 250}:8000",
                 "pool": "bench",

@@ -203,7 +203,7 @@ def main() -> None:
         print(" | ".join(str(r[c]) for c in cols))
     print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    meta = {k: v for k, v in vars(args).items() if k != "out"}  # no machine paths in results
     note = (
         "in-process router, two simulator replicas (timing model); TTFT from forward() to the first "
         "streamed event; jain over served / max-min fair share per tenant"

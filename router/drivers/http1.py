@@ -265,8 +265,13 @@ class _Conn(asyncio.Protocol):
         if limit is not None:
             self.deadline = loop.time() + limit
             self.timer = loop.call_at(self.deadline, self._on_timer)
-        assert self.transport is not None
-        self.transport.write(request)
+        t = self.transport
+        if t is None or t.is_closing():  # closed under us (its connection_lost not yet delivered)
+            raise Disconnected("the replica closed the connection")
+        try:
+            t.write(request)
+        except RuntimeError as e:  # uvloop: "unable to perform operation on … the handler is closed"
+            raise Disconnected(f"the replica closed the connection: {e}") from e
 
     async def wait(self) -> None:
         """Until something new arrives (headers, body, end) or the exchange fails."""
@@ -356,7 +361,9 @@ class _HostPool:
             idle = self.idle
             while idle:
                 conn = idle.pop()
-                if conn.lost or self.loop.time() - conn.idle_since > keepalive:
+                t = conn.transport
+                stale = self.loop.time() - conn.idle_since > keepalive
+                if conn.lost or stale or t is None or t.is_closing():
                     conn.abort()
                     continue
                 return conn

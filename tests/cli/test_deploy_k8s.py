@@ -13,8 +13,9 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import pytest
@@ -45,6 +46,7 @@ from tests.registry.core_support import (  # noqa: F401 - fixtures of the evalua
 )
 from tests.registry.quality_support import json_cases, jsonl
 
+T = TypeVar("T")
 DOC = ROOT / "docs" / "deployment.md"
 OPERATIONS = ROOT / "docs" / "operations.md"
 PROM = DEPLOY / "prometheus"
@@ -491,7 +493,11 @@ def _evaluation_config(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.setenv(key, value)
     settings = EvaluatorSettings()
     assert settings.eval_in_process is True
-    worker = EvaluationWorker(settings, lambda fn: None)
+
+    def no_writes(fn: Callable[[Any], T]) -> T:
+        raise AssertionError("reading the configuration writes nothing")
+
+    worker = EvaluationWorker(settings, no_writes)
     return worker.config()
 
 

@@ -81,7 +81,7 @@ def _walk(routes: list[Any], prefix: str = "") -> Iterator[RouteInfo]:
     for r in routes:
         if isinstance(r, APIRoute):
             names = tuple(p.alias for p in r.dependant.query_params)
-            yield RouteInfo(prefix + r.path, frozenset(r.methods), names)
+            yield RouteInfo(prefix + r.path, frozenset(r.methods or ()), names)
         elif hasattr(r, "include_context"):  # FastAPI's lazily included router
             ctx = r.include_context
             yield from _walk(list(ctx.included_router.routes), prefix + ctx.prefix)

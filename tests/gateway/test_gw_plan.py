@@ -69,9 +69,15 @@ def test_the_plan_the_leader_publishes_is_served_by_the_admin_api(plat: Platform
     assert set(row["targets"]) <= set(plat.sim_urls) and len(row["targets"]) == row["planned_replicas"]
     assert {c["url"] for c in row["current"]} <= set(plat.sim_urls)
     assert all(a["adapter"] != "idle" for a in plan["adapters"])  # no traffic, not hot: not planned
-    # both gateways applied the same plan: the leader's and the follower's gauges agree with it
+    # both gateways apply the published plan: the leader's and the follower's gauges agree with it
+    # (each reads the plan on its own tick, so a gateway may still show the previous plan for a moment)
     for internal in plat.internal_urls:
+        deadline = time.monotonic() + 10
         text = httpx.get(f"{internal}/metrics").text
+        while _gauge(text, "loraplane_adapter_planned_replicas", "alpha") is None:
+            assert time.monotonic() < deadline, text[-2000:]
+            time.sleep(0.2)
+            text = httpx.get(f"{internal}/metrics").text
         assert (_gauge(text, "loraplane_adapter_planned_replicas", "alpha") or 0) >= 1, text[-2000:]
         assert (_gauge(text, "loraplane_adapter_demand_rps", "alpha") or 0) > 0
         assert re.search(r'^loraplane_pool_desired_replicas\{pool="sim"\} [1-9]', text, re.M)

@@ -394,6 +394,9 @@ class _Directory:
             }
         ]  # fmt: skip
 
+    async def plan(self) -> dict[str, Any]:
+        return {"published": False, "adapters": []}
+
     async def request_prewarm(self, adapter_id: str, version: str, replicas: int) -> dict[str, Any]:
         self.prewarms.append((adapter_id, version, replicas))
         return {"targets": ["http://127.0.0.1:9001"][:replicas]}

@@ -307,6 +307,41 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused(run: Runner) ->
 
 
 @pytest.mark.parametrize("run", RUNNERS)
+def test_a_connection_closing_before_its_loss_is_delivered_is_not_written_to(run: Runner) -> None:
+    """A replica killed mid-traffic: its pooled connections' transports close before their
+    ``connection_lost`` runs. A request then opens a new connection instead of writing on the
+    closing one (uvloop raises RuntimeError there: the gateway answered 500), and a connection
+    handed out that closes under the caller fails as ``Disconnected`` (an OSError: retried)."""
+
+    async def main() -> None:
+        box: list[Server] = []
+        async with Server(serve_ok(box)) as srv:
+            box.append(srv)
+            client = Http1Client()
+            resp = await client.post(srv.url, "/x", b"{}", "a", total_s=5)
+            assert await resp.read() == b'{"ok":true}'
+            resp.release()
+            pool, _ = client._pool(srv.url)
+            [idle] = pool.idle
+            assert idle.transport is not None
+            idle.transport.close()  # closing; connection_lost comes on a later loop turn
+            assert not idle.lost
+            resp = await client.post(srv.url, "/x", b"{}", "b", total_s=5)  # no yield in between
+            assert await resp.read() == b'{"ok":true}'
+            resp.release()
+            assert srv.connections == 2
+            [conn] = pool.idle
+            pool.idle.clear()
+            assert conn.transport is not None
+            conn.transport.close()
+            with pytest.raises(Disconnected):
+                conn.start(b"POST /x HTTP/1.1\r\n\r\n", 5.0, None)
+            await client.aclose()
+
+    run(main())
+
+
+@pytest.mark.parametrize("run", RUNNERS)
 def test_closing_an_answer_or_cancelling_the_caller_drops_the_connection(run: Runner) -> None:
     async def main() -> None:
         box: list[Server] = []
