@@ -4,7 +4,8 @@
 victims to unload first — or another process has loaded it (None). Meanwhile: a replica or pool
 at its cap of loads in flight (``busy``) queues the load, bounded by ``load_timeout_s``
 (then 503 ``no_capacity``), in a fair queue: when a slot frees, the load of the tenant that
-received the least service (the tenant of the request that started it) claims first; another
+received the least service (the tenant of the request that started it) claims first, and
+processes take turns at a replica's slots (``LoadCaps.turn_ttl_s``); another
 process's load in progress is waited for; its failure since
 we started, or a replica with no idle adapter to evict (``full``), is a ``LoadError``.
 """
@@ -24,6 +25,10 @@ from router.settings import RouterSettings
 from router.store import ReplicaState
 
 POLL_S = 0.05  # how often a process waiting for another one's load looks at its record
+# How long a process's registration as waiting for a replica's load slot lasts (each try renews
+# it; a waiting process tries every POLL_S): while it lasts, the process that claimed that
+# replica's last slot yields the next one to it (``LoadCaps.turn_ttl_s``).
+TURN_TTL_S = 0.5
 
 
 class SlotClaims:
@@ -54,7 +59,7 @@ class SlotClaims:
 
     def _caps(self, rep: ReplicaState) -> LoadCaps:
         s = self._settings
-        return LoadCaps(s.max_loads_per_replica, s.max_loads_per_pool, rep.pool.name)
+        return LoadCaps(s.max_loads_per_replica, s.max_loads_per_pool, rep.pool.name, TURN_TTL_S)
 
     async def reserve(self, rep: ReplicaState, name: str, candidates: Sequence[str]) -> Claim | None:
         """The claim that makes this process the loader (None: resident by another's load)."""
@@ -85,10 +90,11 @@ class SlotClaims:
             if claim.outcome == "reserved":
                 self._queued.discard((rep.url, name))
                 return claim
-            if claim.outcome == "busy":  # the replica's or pool's loads in flight are at their cap
+            if claim.outcome == "busy":  # at the replica's or pool's cap, or another process's turn
                 if self._clock() > deadline:
+                    cap = "replica" if claim.busy == "turn" else claim.busy
                     raise NoCapacity(
-                        f"too many adapter loads in flight ({claim.busy} cap); retry shortly",
+                        f"too many adapter loads in flight ({cap} cap); retry shortly",
                         retry_after=2,
                     )
                 self._queued.add((rep.url, name))

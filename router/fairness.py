@@ -14,8 +14,10 @@ leaves; one that does not keeps its place for the next round. ``fifo`` orders by
 arrival only (the baseline of ``benchmarks/fairness.py``).
 
 Counters and queues are per gateway process: each process orders its own waiters (the
-gateways' shares of a tenant's traffic are alike behind a load balancer). Sharing counters
-cluster-wide (Redis) is not done.
+gateways' shares of a tenant's traffic are alike behind a load balancer). Between processes,
+a replica's load slots go by turns (``router.cluster.LoadCaps.turn_ttl_s``): the process whose
+load just ended does not claim the slot again for its own queue while another process waits
+there. Sharing counters cluster-wide (Redis) is not done.
 """
 
 from __future__ import annotations

@@ -115,6 +115,8 @@ class RequestLoop:
                 try:
                     if version is not None:
                         here = rep.residents.get(version.lora_name)
+                        if here is not None and here.state == "resident" and await self._gone(rep, name):
+                            here = None  # unloaded by another process: load it again, counted
                         if here is None or here.state != "resident":  # a hit needs no load, no victims
                             cands = self._planner.candidates(
                                 rep, decision, version.lora_name, strict_hot=False
@@ -183,6 +185,22 @@ class RequestLoop:
         if result.stream is None:
             _settle(charge, result)
         return result
+
+    async def _gone(self, rep: ReplicaState, name: str | None) -> bool:
+        """An engine that reloads a name it has seen by itself (SGLang) and lists what it holds:
+        before a hit there, the cluster's record must still say resident. Another process may
+        have unloaded it since this process last looked; a request sent now would bring it back
+        behind the plane's back, one more than ``max_adapters``. (Asked after the request's mark,
+        which keeps any other process from starting an unload meanwhile.) Such a stale entry is
+        forgotten here, and the request loads the adapter through a claim like any miss."""
+        caps = rep.driver.capabilities
+        if name is None or not (caps.implicit_reload and caps.lists_adapters) or not self._cluster.shared:
+            return False
+        rec = await self._cluster.record(rep.url, name)
+        if rec is not None and rec.state == "resident":
+            return False
+        rep.residents.pop(name, None)
+        return True
 
     def _releaser(self, url: str, name: str | None) -> Callable[[], None]:
         done = False

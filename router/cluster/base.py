@@ -47,7 +47,7 @@ class Claim:
     outcome: ClaimOutcome
     record: Residency | None = None  # present / failed: the record found
     evict: tuple[str, ...] = ()  # reserved: unload these first (marked unloading for us)
-    busy: str = ""  # busy: which cap of loads in flight is reached (``replica`` | ``pool``)
+    busy: str = ""  # busy: the cap reached (``replica`` | ``pool``), or ``turn`` (another process's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,12 @@ class LoadCaps:
     per_replica: int = 0
     per_pool: int = 0
     pool: str = ""
+    # Turns across processes at a replica's cap (0 = off): a process that waits for one of the
+    # replica's load slots is registered for this long (renewed by each try); while another
+    # process waits there, the process that claimed the replica's last slot yields the next one
+    # (``busy`` = ``turn``). Each process orders its own waiters (``router.fairness``); the turns
+    # keep one process's queue from taking every slot its own loads free.
+    turn_ttl_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,10 @@ class Keys:
         """A replica's records, its marks and the live processes: what the Lua rules check together."""
         return [self.res(url), self.marks(url), self.procs]
 
+    def turns(self, url: str) -> str:
+        """Processes waiting for a replica's load slot, and the last one to claim one (``lua.CLAIM``)."""
+        return f"{self.prefix}cl:turn:{url}"
+
     def gone(self, url: str) -> str:
         """Tombstones of a replica's recent unloads (see ``lua.SYNC``)."""
         return f"{self.prefix}cl:gone:{url}"

@@ -8,6 +8,7 @@
 | ``<p>cl:lead:<chore>`` | string pid, PX lease | the process running a cluster-wide chore |
 | ``<p>cl:loads:<pool>`` | sorted set ``<replica>|<lora_name>`` → expiry (ms) | loads in flight in a pool |
 | ``<p>cl:gone:<replica>`` | hash lora_name → wall time (s), expires | recent unloads (tombstones) |
+| ``<p>cl:turn:<replica>`` | hash pid → expiry (ms); ``~last`` → pid | waiting for a load slot; last claimer |
 
 A ``loading`` record with ``settling: true`` (its load call went unanswered; the replica may
 still finish it) counts toward ``max_adapters`` but not toward the loads in flight. A record in
@@ -93,10 +94,12 @@ end
 return n
 """
 
-# KEYS: res, marks, procs, pool_loads   ARGV: lora_name, max_adapters, pid, now (wall s), since,
-# max_loads (replica, 0 = no cap), max_pool_loads (0 = no cap), pool entry ttl (ms), pool member,
-# ncand, cand…   → {'present', raw} | {'failed', raw} | {'full'} | {'busy', 'replica' | 'pool'}
-# | {'reserved', victim…}
+# KEYS: res, marks, procs, pool_loads, turns   ARGV: lora_name, max_adapters, pid, now (wall s),
+# since, max_loads (replica, 0 = no cap), max_pool_loads (0 = no cap), pool entry ttl (ms), pool
+# member, turn ttl (ms, 0 = no turns), ncand, cand…   → {'present', raw} | {'failed', raw} | {'full'}
+# | {'busy', 'replica' | 'pool' | 'turn'} | {'reserved', victim…}
+# Turns: at a replica's cap a process registers as waiting there (pid → expiry); when a slot is
+# free, the process that claimed the last one yields it while another process waits.
 CLAIM = (
     PRELUDE
     + """
@@ -113,7 +116,29 @@ if mine then
   if (mine.ts or 0) >= tonumber(ARGV[5]) then return {'failed', mine.raw} end
 end
 local max_loads = tonumber(ARGV[6])
-if max_loads > 0 and loading >= max_loads then return {'busy', 'replica'} end
+local turn_ttl = tonumber(ARGV[10])
+local turns = max_loads > 0 and turn_ttl > 0
+if turns then
+  local others, last = false, false
+  local all = redis.call('HGETALL', KEYS[5])
+  for i = 1, #all, 2 do
+    local f = all[i]
+    if f == '~last' then
+      last = all[i + 1] == ARGV[3]
+    elseif f ~= ARGV[3] then
+      if tonumber(all[i + 1]) >= nowms then others = true else redis.call('HDEL', KEYS[5], f) end
+    end
+  end
+  local why = false
+  if loading >= max_loads then why = 'replica' elseif others and last then why = 'turn' end
+  if why then
+    redis.call('HSET', KEYS[5], ARGV[3], nowms + turn_ttl)
+    redis.call('PEXPIRE', KEYS[5], 600000)
+    return {'busy', why}
+  end
+elseif max_loads > 0 and loading >= max_loads then
+  return {'busy', 'replica'}
+end
 local max_pool = tonumber(ARGV[7])
 if max_pool > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', nowms)
@@ -123,9 +148,9 @@ local max = tonumber(ARGV[2])
 local chosen = {}
 if count >= max then
   local need = count - max + 1
-  for i = 1, tonumber(ARGV[10]) do
+  for i = 1, tonumber(ARGV[11]) do
     if #chosen >= need then break end
-    local v = ARGV[10 + i]
+    local v = ARGV[11 + i]
     local e = recs[v]
     if e and e.state == 'resident' and live_marks(KEYS[2], KEYS[3], v) == 0 then
       table.insert(chosen, v)
@@ -139,6 +164,11 @@ if count >= max then
 end
 redis.call('HSET', KEYS[1], ARGV[1], rec('staging', ARGV[3], tonumber(ARGV[4])))
 if max_pool > 0 then redis.call('ZADD', KEYS[4], nowms + tonumber(ARGV[8]), ARGV[9]) end
+if turns then
+  redis.call('HDEL', KEYS[5], ARGV[3])
+  redis.call('HSET', KEYS[5], '~last', ARGV[3])
+  redis.call('PEXPIRE', KEYS[5], 600000)
+end
 local out = {'reserved'}
 for _, v in ipairs(chosen) do table.insert(out, v) end
 return out

@@ -139,8 +139,8 @@ class RedisCluster:
         member = f"{url}|{lora_name}"
         args: list[Any] = [lora_name, max_adapters, self.pid, self._wall(), since]
         args += [caps.per_replica, caps.per_pool, 2 * self._live.lease_ms, member]
-        args += [len(candidates), *candidates]
-        keys = [*self._keys.checked(url), self._keys.loads(caps.pool)]
+        args += [round(caps.turn_ttl_s * 1000), len(candidates), *candidates]
+        keys = [*self._keys.checked(url), self._keys.loads(caps.pool), self._keys.turns(url)]
         try:
             out = await self._claim(keys=keys, args=args)
         except REDIS_ERRORS as exc:

@@ -198,3 +198,32 @@ async def test_load_caps_per_replica_and_per_pool(one: MemoryCluster | RedisClus
     assert (await one.claim(third, "c@v1-00000003", 8, (), 0.0, caps)).outcome == "reserved"
     await one.drop(other, "b@v1-00000002")  # an aborted load frees its place too
     assert (await one.claim(URL, "d@v1-00000004", 8, (), 0.0, caps)).outcome == "reserved"
+
+
+async def test_processes_take_turns_at_a_replicas_load_slot(procs: Factory) -> None:
+    """At a replica's cap of loads in flight, a process that waits there is registered; once the
+    slot frees, the process that claimed it last yields the next one while the other waits (its
+    own queue cannot take every slot its loads free), and claims again once nobody else waits."""
+    a, b = await procs("gw-a"), await procs("gw-b")
+    caps = LoadCaps(per_replica=1, pool="main", turn_ttl_s=0.4)
+    assert (await a.claim(URL, "a1@v1-00000001", 8, (), 0.0, caps)).outcome == "reserved"
+    busy = await b.claim(URL, "b1@v1-00000002", 8, (), 0.0, caps)
+    assert busy.outcome == "busy" and busy.busy == "replica"  # b waits: registered
+    await a.set_state(URL, "a1@v1-00000001", "resident")  # a's load is over: the slot is free
+    turn = await a.claim(URL, "a2@v1-00000003", 8, (), 0.0, caps)
+    assert turn.outcome == "busy" and turn.busy == "turn"  # a claimed last and b waits: b's turn
+    assert (await b.claim(URL, "b1@v1-00000002", 8, (), 0.0, caps)).outcome == "reserved"
+    await b.set_state(URL, "b1@v1-00000002", "resident")
+    # a waits now (its refused try registered it): b yields, a claims
+    assert (await b.claim(URL, "b2@v1-00000004", 8, (), 0.0, caps)).busy == "turn"
+    assert (await a.claim(URL, "a2@v1-00000003", 8, (), 0.0, caps)).outcome == "reserved"
+    await a.set_state(URL, "a2@v1-00000003", "resident")
+    await asyncio.sleep(0.5)  # b's registration lapsed (it stopped trying): a may claim again
+    assert (await a.claim(URL, "a3@v1-00000005", 8, (), 0.0, caps)).outcome == "reserved"
+    await a.set_state(URL, "a3@v1-00000005", "resident")
+    # without turns (the default caps) the last claimer is never held back
+    plain = LoadCaps(per_replica=1, pool="main")
+    assert (await b.claim(URL, "b3@v1-00000006", 8, (), 0.0, caps)).outcome == "reserved"
+    assert (await a.claim(URL, "a4@v1-00000007", 8, (), 0.0, caps)).busy == "replica"
+    await b.set_state(URL, "b3@v1-00000006", "resident")
+    assert (await b.claim(URL, "b4@v1-00000008", 8, (), 0.0, plain)).outcome == "reserved"

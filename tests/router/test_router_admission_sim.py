@@ -28,12 +28,20 @@ async def test_loads_queue_behind_the_per_replica_cap_then_503(
     before = sims[0].state()["load_calls"]
     results = await asyncio.gather(*(router.forward(chat(v)) for v in vs), return_exceptions=True)
     # one load at a time, 1.5 s each, each request waiting at most 2 s: the first is served, the
-    # second got its slot at 1.5 s but its load outlived the wait (503 adapter_load_failed), the
-    # third never got a slot (503 no_capacity, the queue was full)
+    # second got its slot at 1.5 s but its load outlived the wait (503 adapter_load_failed). The
+    # third's wait ends at the same moment: either it never got a slot (503 no_capacity, it never
+    # reached the replica), or its last try came just after the second's timed-out load stopped
+    # holding the cap (24.9: a settling load counts toward max_adapters only), and its own load
+    # could not finish in what was left of its wait (503 adapter_load_failed; on a busy machine
+    # its load call may not even have reached the replica). Never a 200 past the cap.
     codes = sorted("ok" if isinstance(r, ForwardResult) else getattr(r, "code", repr(r)) for r in results)
-    assert codes == ["adapter_load_failed", "no_capacity", "ok"], results
+    calls = sims[0].state()["load_calls"] - before
+    assert codes in (
+        ["adapter_load_failed", "no_capacity", "ok"],
+        ["adapter_load_failed", "adapter_load_failed", "ok"],
+    ), results
+    assert calls == 2 if "no_capacity" in codes else calls in (2, 3), (results, calls)
     assert all(r.retry_after for r in results if isinstance(r, RouterError))
-    assert sims[0].state()["load_calls"] - before == 2  # the third never reached the replica
 
 
 async def test_cold_adapters_never_take_the_slots_reserved_for_hot_ones(

@@ -7,6 +7,7 @@ a version without an id is refused; Ray Serve LLM: the load is a publish, disabl
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import httpx
 import orjson
 import pytest
 
+from kit.redis_factory import make_redis
 from registry.audit_sink import MemoryAuditSink
 from router.contract import AdapterLoadFailed
 from simulator.procs import SimProcess, start_simulators, stop_all
@@ -87,6 +89,49 @@ async def test_sglang_adapter_unloaded_behind_the_planes_back_is_still_served(
     again = await router.forward(chat(v))  # the plane still thinks it resident: SGLang reloads it itself
     assert again.status == 200 and text(again) == text(first)
     assert engine_state(sglang_sims[0].url)["implicit_reloads"] >= 1
+
+
+async def test_sglang_a_hit_on_an_adapter_another_process_unloaded_loads_it_through_a_claim(
+    sglang_sims: list[SimProcess],
+    make_router: RouterFactory,
+    artifacts,
+    tmp_path: Path,
+    redis_url: str,
+    redis_prefix: str,
+) -> None:
+    """Two router processes share Redis; B's view is stale (it polls rarely). A evicts v1 to make
+    room; B still believes v1 resident. B's request must not go to the replica as a hit: SGLang
+    would reload v1 by itself, one more than ``max_adapters``. B sees the cluster's record is
+    gone and loads v1 through a claim (which evicts): the replica never lists more than 2."""
+    reset_sglang(sglang_sims)
+    url = sglang_sims[0].url
+    v1, v2, v3 = (put_version(artifacts, tmp_path, f"stale{i}", seed=320 + i) for i in range(3))
+    clients = [make_redis(redis_url) for _ in range(2)]
+    try:
+        a = await make_router(
+            [url], engine="sglang", max_adapters=2, redis=clients[0], redis_prefix=redis_prefix
+        )
+        b = await make_router(
+            [url], engine="sglang", max_adapters=2, redis=clients[1], redis_prefix=redis_prefix,
+            poll_interval_s=30.0, cluster_sync_s=30.0,
+        )  # fmt: skip
+        for r in (a, b):
+            r.update_snapshot(snapshot_of(v1, v2, v3))
+        assert (await a.forward(chat(v1))).status == 200
+        assert (await b.forward(chat(v1))).status == 200  # B's view: v1 resident
+        assert b.store.replicas[url].residents[v1.lora_name].state == "resident"
+        await asyncio.sleep(0.6)  # B's mark on v1 lingers 0.25 s: v1 becomes evictable
+        assert (await a.forward(chat(v2))).status == 200
+        assert (await a.forward(chat(v3))).status == 200  # full: A evicts v1
+        assert v1.lora_name not in listed(url)
+        reloads = engine_state(url)["implicit_reloads"]
+        again = await b.forward(chat(v1))
+        assert again.status == 200
+        assert len(listed(url)) <= 2 and v1.lora_name in listed(url), listed(url)
+        assert engine_state(url)["implicit_reloads"] == reloads  # loaded by the plane, not behind it
+    finally:
+        for c in clients:
+            await c.aclose()
 
 
 async def test_sglang_eviction_keeps_the_staged_files_and_disable_removes_them(
