@@ -139,6 +139,11 @@ async def run_config(policy: str, urls: list[str], args: argparse.Namespace, tmp
         )
     finally:
         await router.stop()
+    loads = {"heavy": 0.0, "light": 0.0}  # finished loads, by the tenant whose adapter it was
+    for metric in router.metrics.registry.collect():
+        for sample in metric.samples:
+            if sample.name == "loraplane_adapter_loads_total" and sample.labels.get("result") == "ok":
+                loads["heavy" if sample.labels["adapter"].startswith("h") else "light"] += sample.value
     served = {t: len(xs) for t, xs in ttft.items()}
     shares = fair_shares({t: float(n) for t, n in offered.items()}, float(sum(served.values())))
     norm = [min(1.0, served[t] / shares[t]) if shares[t] else 1.0 for t in tenants]
@@ -154,6 +159,9 @@ async def run_config(policy: str, urls: list[str], args: argparse.Namespace, tmp
         "light_served": len(light),
         "light_ttft_p50_ms": round(pct(light, 0.5) * 1000, 1),
         "light_ttft_p99_ms": round(pct(light, 0.99) * 1000, 1),
+        "heavy_loads": int(loads["heavy"]),
+        "light_loads": int(loads["light"]),
+        "heavy_served_per_load": round(served["heavy"] / loads["heavy"], 2) if loads["heavy"] else None,
         "per_tenant": {
             t: {
                 "offered": offered[t],
@@ -197,7 +205,8 @@ def main() -> None:
         stop_all(sims)
     load = os.getloadavg()
     cols = ["policy", "jain", "heavy_offered", "heavy_served", "heavy_ttft_p50_ms", "heavy_ttft_p99_ms",
-            "light_offered", "light_served", "light_ttft_p50_ms", "light_ttft_p99_ms"]  # fmt: skip
+            "light_offered", "light_served", "light_ttft_p50_ms", "light_ttft_p99_ms",
+            "heavy_loads", "light_loads", "heavy_served_per_load"]  # fmt: skip
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(str(r[c]) for c in cols))

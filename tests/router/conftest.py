@@ -76,6 +76,7 @@ async def make_router(
         audit_sink: Any = None,
         wait_healthy: bool = True,
         engine: str = "vllm",
+        pool_fields: dict[str, Any] | None = None,
         **overrides: Any,
     ) -> Router:
         pool = PoolConfig(
@@ -86,6 +87,7 @@ async def make_router(
             max_loras=max_loras,
             max_adapters=max_adapters,
             staging=staging or {"mode": "local", "dir": str(tmp_path / "staging")},  # type: ignore[arg-type]
+            **(pool_fields or {}),
         )
         values: dict[str, Any] = {
             "pools": [pool],

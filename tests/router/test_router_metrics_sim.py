@@ -65,3 +65,28 @@ async def test_router_metrics_count_what_happened(
     )
     assert value(reg, "loraplane_cold_start_wait_seconds_count", adapter="b", version="v1") == 2
     assert value(reg, "loraplane_replicas_healthy", pool="main") == 1
+
+
+async def test_requests_are_counted_by_the_tier_their_adapter_came_from(
+    sims: list[Sim], make_router: RouterFactory, artifacts, tmp_path: Path
+) -> None:
+    """``loraplane_adapter_tier``: a first request is a ``load``; with 2 GPU slots (the
+    replica's --max-loras) and a host cache of 3 (the pool's ``max_cpu_loras``), after four
+    loads the third most recent adapter comes from the CPU tier, the fourth from disk, and a
+    repeat from the GPU."""
+    vs = [put_version(artifacts, tmp_path, f"tier{i}", seed=90 + i) for i in range(4)]
+    url = sims[0].url
+    router = await make_router([url], max_loras=2, max_adapters=8, pool_fields={"max_cpu_loras": 3})
+    reg = router.metrics.registry
+    router.update_snapshot(snapshot_of(*vs))
+    for v in vs:  # most recent last: tier3, tier2 on the GPU; tier1 in host memory; tier0 on disk
+        assert (await router.forward(chat(v))).status == 200
+        await asyncio.sleep(0.01)
+    assert value(reg, "loraplane_adapter_tier_total", pool="main", tier="load") == 4
+    await router.forward(chat(vs[1]))
+    assert value(reg, "loraplane_adapter_tier_total", pool="main", tier="cpu") == 1
+    await asyncio.sleep(0.01)
+    await router.forward(chat(vs[0]))
+    assert value(reg, "loraplane_adapter_tier_total", pool="main", tier="disk") == 1
+    await router.forward(chat(vs[0]))
+    assert value(reg, "loraplane_adapter_tier_total", pool="main", tier="gpu") == 1
