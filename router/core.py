@@ -26,7 +26,7 @@ from registry.replicas import ReplicaDirectory
 from registry.snapshot import RoutingSnapshot, VersionInfo
 from router.audit import RouterAudit
 from router.claims import POLL_S as CLAIM_POLL_S
-from router.cluster import Board, ClusterState, MemoryBoard, MemoryCluster, RedisBoard, RedisCluster
+from router.cluster import ClusterState
 from router.contract import (
     AdapterLoadFailed,
     ForwardRequest,
@@ -35,7 +35,7 @@ from router.contract import (
 )
 from router.controller import PlanController
 from router.directory import DirectoryPublisher, LocalReplicaDirectory
-from router.drivers import EngineDriver, ModelsInfo, make_driver
+from router.drivers import EngineDriver, ModelsInfo
 from router.fairness import FairQueue, VirtualCounters
 from router.fallback import Fallback
 from router.hotness import HotSet
@@ -53,6 +53,7 @@ from router.stagers import make_stagers
 from router.staging import ReadableStore
 from router.store import ReplicaState, ReplicaStore, parse_lora_name
 from router.unloader import Unloader
+from router.wiring import cluster_and_board, open_drivers, started
 
 log = logging.getLogger("loraplane.router")
 
@@ -82,20 +83,7 @@ class Router:
 
             profile = profile_from_config(settings.placement_profile, settings.placement_params)
         self.profile: Profile = profile
-        if cluster is None:
-            cluster = (
-                RedisCluster(
-                    redis, settings.redis_prefix, lease_s=settings.lease_s, linger_s=settings.mark_linger_s
-                )
-                if redis is not None
-                else MemoryCluster()
-            )
-        self.cluster = cluster
-        self.board: Board = (
-            RedisBoard(redis, settings.redis_prefix)
-            if redis is not None and isinstance(cluster, RedisCluster)
-            else MemoryBoard()
-        )
+        self.cluster, self.board = cluster_and_board(settings, redis, cluster)
         self.controller: PlanController | None = None
         self.snapshot: RoutingSnapshot | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -118,21 +106,8 @@ class Router:
 
     async def start(self) -> None:
         s = self.settings
-        connector = aiohttp.TCPConnector(
-            limit=0, limit_per_host=s.max_connections_per_replica, keepalive_timeout=30, ttl_dns_cache=60
-        )
-        self._session = session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        timeout = aiohttp.ClientTimeout(total=s.request_timeout_s, connect=s.connect_timeout_s)
-        stream_timeout = aiohttp.ClientTimeout(
-            total=None, connect=s.connect_timeout_s, sock_read=s.upstream_idle_timeout_s
-        )
-        staging_dir = s.resolved_staging_dir()
-        drivers = self._drivers = {
-            p.name: make_driver(
-                p, session, staging_dir=staging_dir, timeout=timeout, stream_timeout=stream_timeout
-            )
-            for p in s.pools
-        }
+        session, drivers = open_drivers(s)
+        self._session, self._drivers = session, drivers
         store = self._store = ReplicaStore(
             s, drivers, clock=self._clock, wall=time.time, metrics=self.metrics, on_poll=self._on_poll
         )
@@ -243,27 +218,19 @@ class Router:
 
     @property
     def store(self) -> ReplicaStore:
-        if self._store is None:
-            raise RuntimeError("Router.start() was not called")
-        return self._store
+        return started(self._store)
 
     @property
     def loader(self) -> Loader:
-        if self._loader is None:
-            raise RuntimeError("Router.start() was not called")
-        return self._loader
+        return started(self._loader)
 
     @property
     def unloader(self) -> Unloader:
-        if self._unloader is None:
-            raise RuntimeError("Router.start() was not called")
-        return self._unloader
+        return started(self._unloader)
 
     @property
     def planner(self) -> Planner:
-        if self._planner is None:
-            raise RuntimeError("Router.start() was not called")
-        return self._planner
+        return started(self._planner)
 
     def ready(self) -> bool:
         """At least one replica in rotation."""
@@ -312,14 +279,13 @@ class Router:
     # ------------------------------------------------------------------ forwarding
 
     async def forward(self, req: ForwardRequest) -> ForwardResult:
-        if self._requests is None:
-            raise RuntimeError("Router.start() was not called")
+        requests = started(self._requests)
         try:
-            return await self._requests.forward(req)
+            return await requests.forward(req)
         except (AdapterLoadFailed, NoCapacity) as exc:
             if req.version is None or req.pinned:
                 raise
-            return await self._fallback.serve(req, exc, self._requests.forward)
+            return await self._fallback.serve(req, exc, requests.forward)
 
     # ------------------------------------------------------------------ prewarm
 

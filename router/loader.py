@@ -30,9 +30,10 @@ from router.audit import RouterAudit
 from router.claims import SlotClaims
 from router.cluster import ClusterState
 from router.contract import NoCapacity
-from router.drivers import DriverError, LoadResult
+from router.drivers import LoadResult
 from router.errors import LoadError
 from router.fairness import FairQueue
+from router.load_outcomes import FailedLoads, settle_unanswered
 from router.metrics import RouterMetrics
 from router.placement.types import Residency, ResidencyState
 from router.settings import RouterSettings
@@ -44,7 +45,6 @@ log = logging.getLogger("loraplane.router.loader")
 
 # Load failures without an answer after which the replica may still hold the adapter.
 MAYBE_LOADED = frozenset({"timeout", "other"})
-SETTLE_POLL_S = 0.25  # how often the replica's listing is read while an unanswered load settles
 
 
 class Loader:
@@ -75,6 +75,7 @@ class Loader:
         self._wall = wall
         self._flights: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._claims = SlotClaims(settings, cluster, metrics, clock=clock, wall=wall, fair=fair)
+        self._outcomes = FailedLoads(metrics, audit, cluster, clock=clock)
         self._waiters: dict[str, int] = {}
         self._bg: set[asyncio.Task[Any]] = set()
 
@@ -164,7 +165,7 @@ class Loader:
             await self._run(rep, version, candidates)
         except BaseException as exc:
             self._claims.unqueue(rep.url, version.lora_name)
-            self._fail(
+            self._outcomes.mark(
                 rep, version.lora_name, exc.failure if isinstance(exc, LoadError) else type(exc).__name__
             )
             raise
@@ -233,7 +234,7 @@ class Loader:
             )
             raise LoadError(str(exc), failure="hash_mismatch", retry_elsewhere=False) from exc
         except StagingError as exc:
-            await self._failed(rep, version, labels, details, t0, "staging_failed", str(exc), True)
+            await self._outcomes.failed(rep, version, labels, details, t0, "staging_failed", str(exc), True)
             raise LoadError(str(exc), failure="staging_failed", retry_elsewhere=True) from exc
         except BaseException:
             await self._cluster.drop(rep.url, name)
@@ -257,7 +258,7 @@ class Loader:
                 "adapter load unanswered; watching the replica", extra={**details, "error": res.message}
             )
             await self._cluster.set_state(rep.url, name, "loading", settling=True)
-            if await self._settle(rep, name):
+            if await settle_unanswered(rep, name, self._settings, self._clock):
                 res = LoadResult(True)
         if not (res.ok or res.failure == "conflict"):
             failure = res.failure or "other"
@@ -266,7 +267,9 @@ class Loader:
             else:
                 self._store.note_failure(rep, f"load of {name} failed ({failure})", name)
                 self._store.note_load(rep, name, ok=False, error=f"{failure}: {res.message[:200]}")
-            await self._failed(rep, version, labels, details, t0, failure, res.message, res.retry_elsewhere)
+            await self._outcomes.failed(
+                rep, version, labels, details, t0, failure, res.message, res.retry_elsewhere
+            )
             raise LoadError(
                 f"load of {version.adapter_id} {version.version} on {rep.url} failed "
                 f"({failure}): {res.message}",
@@ -285,63 +288,3 @@ class Loader:
         ms = round(duration * 1000, 1)
         log.info("adapter loaded", extra={**details, "duration_ms": ms})
         await self._audit.event("adapter.loaded", version.adapter_id, {**details, "duration_ms": ms})
-
-    async def _settle(self, rep: ReplicaState, name: str) -> bool:
-        """After an unanswered load call: True once the replica lists ``name`` (it loaded after
-        all), within ``load_settle_s``; else False, after an unload (best effort: a load that
-        completes after the last look must not stay uncounted). A replica whose listing is not
-        the truth about what it holds is only waited for, then unloaded."""
-        driver = rep.driver
-        settings = self._settings
-        deadline = self._clock() + settings.load_settle_s
-        while True:
-            if driver.capabilities.lists_adapters:
-                with contextlib.suppress(DriverError, TimeoutError):
-                    models = await driver.list_adapters(rep.url, settings.poll_timeout_s)
-                    if name in models.adapters:
-                        return True
-            left = deadline - self._clock()
-            if left <= 0:
-                break
-            await asyncio.sleep(min(SETTLE_POLL_S, left))
-        res = await driver.unload(rep.url, name, settings.load_timeout_s)
-        if not res.ok:
-            log.warning(
-                "unload after an unanswered load failed",
-                extra={"replica": rep.url, "lora_name": name, "error": res.message},
-            )
-        return False
-
-    def _fail(self, rep: ReplicaState, lora_name: str, reason: str) -> None:
-        r = rep.residents.get(lora_name)
-        if r is not None and r.state != "resident":
-            rep.residents.change(lora_name, state="failed", reason=reason, since=self._clock())
-
-    async def _failed(
-        self,
-        rep: ReplicaState,
-        version: VersionInfo,
-        labels: dict[str, str],
-        details: dict[str, Any],
-        t0: float,
-        failure: str,
-        message: str,
-        retry_elsewhere: bool,
-    ) -> None:
-        self._fail(rep, version.lora_name, failure)
-        self._metrics.loads.labels(**labels, result=failure).inc()
-        duration_ms = round((self._clock() - t0) * 1000, 1)
-        log.warning("adapter load failed", extra={**details, "reason": failure, "error": message})
-        await self._audit.event(
-            "adapter.load_failed",
-            version.adapter_id,
-            {**details, "duration_ms": duration_ms, "reason": failure, "message": message[:500]},
-        )
-        await self._cluster.set_state(
-            rep.url,
-            version.lora_name,
-            "failed",
-            failure=failure,
-            retry_elsewhere=retry_elsewhere,
-            reason=message[:200],
-        )
