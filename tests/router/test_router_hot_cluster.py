@@ -1,4 +1,4 @@
-"""Issue 24.11 on real routers: "measured hot" is counted cluster-wide (the demand board), not per
+"""The placement controller ahead of demand (issue 28.1), and issue 24.11 on real routers: "measured hot" is counted cluster-wide (the demand board), not per
 gateway process, and a pool's ``max_num_seqs`` (not a constant) is what placement divides by.
 
 Two routers sharing Redis stand for two gateway processes; each routes an adapter at a rate
@@ -76,3 +76,25 @@ async def test_measured_hot_counts_every_gateways_requests(
     finally:
         for c in clients:
             await c.aclose()
+
+
+async def test_the_plan_loads_a_hot_adapter_before_any_request_for_it(
+    sims: list[Sim], make_router: RouterFactory, artifacts, tmp_path: Path
+) -> None:
+    """The controller acts ahead of demand: an adapter marked hot gets its planned copies loaded
+    by the plan's own actions (``loraplane_plan_actions_total{action="load"}``) on
+    ``hot_prewarm_replicas`` replicas, and no request for it was ever sent."""
+    v = put_version(artifacts, tmp_path, "ahead", seed=43)
+    urls = [sims[0].url, sims[1].url]
+    done_before = [s.state()["requests_done"] for s in sims[:2]]
+    router = await make_router(urls, plan_interval_s=0.3, hot_prewarm_replicas=2)
+    router.update_snapshot(snapshot_of(v, hot=("ahead",)))
+    deadline = time.monotonic() + 15.0
+    while sum(v.lora_name in s.loaded() for s in sims[:2]) < 2:
+        assert time.monotonic() < deadline, [s.loaded() for s in sims[:2]]
+        await asyncio.sleep(0.2)
+    plan = router.controller.plan if router.controller is not None else None
+    assert plan is not None and plan.targets[v.lora_name] == frozenset(urls)
+    loads = router.metrics.registry.get_sample_value("loraplane_plan_actions_total", {"action": "load"})
+    assert loads is not None and loads >= 2
+    assert [s.state()["requests_done"] for s in sims[:2]] == done_before  # no request was served
