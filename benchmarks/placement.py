@@ -256,21 +256,15 @@ def run_router_path(
     n_adapters: int,
     max_adapters: int,
     max_loras: int,
-    full_pass: bool = False,
 ) -> tuple[list[int], dict[str, int]]:
     """Decisions as the router runtime makes them: ``Planner.place`` on a ``ReplicaStore`` whose
     replica states record every request (in-flight, last use, loads and evictions), so the timed
-    region holds everything the router does to decide — the placement index brought up to date
-    with the replicas that changed, and the pick. ``full_pass``: the router before the index —
-    views of every replica (``[r.view() for r in replicas]``, cached per replica until it
-    changes) and ``profile.pick`` over them, as ``Planner.place`` does with ``use_index`` False
-    (the same decisions: checked by the caller)."""
+    region holds everything the router does to decide — the replica table brought up to date
+    with the replicas that changed (their views rebuilt) and the default policy's decision."""
     from router.contract import ForwardRequest
 
     rng = random.Random(seed)
     planner, states, infos, weights, now_box = _router(rng, n_replicas, n_adapters, max_adapters, max_loras)
-    planner.use_index = not full_pass
-    planner.index_min_replicas = 0  # the index rows use it at every size (the router: from 64)
     index = {st.url: i for i, st in enumerate(states)}
     stream = rng.choices(range(n_adapters), weights=weights, k=decisions)
     times: list[int] = []
@@ -326,7 +320,6 @@ def bench_profile(
     max_loras: int,
     repeat: int,
     router_path: bool = False,
-    full_pass: bool = False,
 ) -> dict[str, Any]:
     """``repeat`` identical passes (same seed → same decisions); per decision, the fastest pass
     counts, which filters out this machine's noise (other processes, cache thrash); the first
@@ -337,7 +330,7 @@ def bench_profile(
     for r in range(repeat):
         if router_path:
             args = (name, decisions, seed, n_replicas, n_adapters, max_adapters, max_loras)
-            times, acts = run_router_path(*args, full_pass=full_pass)
+            times, acts = run_router_path(*args)
         else:
             times, acts = run_stream(name, decisions, seed, n_replicas, n_adapters, max_adapters, max_loras)
         if r == 0:
@@ -351,7 +344,7 @@ def bench_profile(
     raw = sorted(t / 1000.0 for t in first)
     label = name
     if router_path:
-        label = f"{name} (router path, full pass)" if full_pass else f"{name} (router path)"
+        label = f"{name} (router path)"
     q = _quantiles
     return {
         "profile": label,
@@ -384,19 +377,12 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, style in (
-        ("default (router path)", "o-"),
-        ("default (router path, full pass)", "s--"),
-        ("default", "^:"),
-    ):
+    for label, style in (("default (router path)", "o-"), ("default", "^:")):
         mine = sorted((r for r in rows if r["profile"] == label), key=lambda r: r["replicas"])
         if not mine:
             continue
         xs = [r["replicas"] for r in mine]
-        name = {
-            "default (router path)": "router path, index",
-            "default (router path, full pass)": "router path, full pass",
-        }.get(label, "decision only, full pass (fused)")
+        name = "router path" if label == "default (router path)" else "decision only"
         ax.plot(xs, [r["raw_first_pass_p99_us"] for r in mine], style, label=f"{name}: p99")
         ax.plot(xs, [r["raw_first_pass_p50_us"] for r in mine], style, alpha=0.45, label=f"{name}: p50")
     ax.set_xscale("log")
@@ -455,12 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     scaling = []
     for n_rep, n_ad in scales:
         args = (a.scale_decisions, a.seed, n_rep, n_ad, a.max_adapters, a.max_loras, a.repeat)
-        for router_path, full_pass in ((True, False), (True, True), (False, False)):
-            r = bench_profile("default", *args, router_path=router_path, full_pass=full_pass)
+        for router_path in (True, False):
+            r = bench_profile("default", *args, router_path=router_path)
             scaling.append(r)
             _print_row(r)
-        idx, ref = scaling[-3], scaling[-2]
-        assert idx["actions"] == ref["actions"], "the index and the full pass must decide alike"
     routed = {r["replicas"]: r for r in scaling if r["profile"] == "default (router path)"}
     big = routed[max(routed)]
     ratio = big["raw_first_pass_p99_us"] / routed[100]["raw_first_pass_p99_us"]
