@@ -47,23 +47,10 @@ class TableInput:
         return summary(self.view).idle_lru
 
     def adapter_inflight(self, name: str) -> int:
-        views = self.table.views
-        total = 0
-        for url in self.table.holders.get(name, ()):
-            r = views[url].residents.get(name)
-            if r is not None:
-                total += r.inflight
-        return total
+        return self.table.inflight(name)
 
     def healthy_copies(self, name: str) -> int:
-        views = self.table.views
-        n = 0
-        for url in self.table.holders.get(name, ()):
-            v = views[url]
-            r = v.residents.get(name)
-            if v.healthy and r is not None and r.state != "failed":
-                n += 1
-        return n
+        return self.table.healthy_copies(name)
 
 
 class DefaultPolicy:
@@ -197,12 +184,21 @@ class DefaultPolicy:
             for url in planned:
                 if ok(url):
                     out[url] = None
-            held = [u for u in table.holders.get(name, ()) if ok(u)]
-            if len(held) > self.holders:
-                start = self._tick % len(held)
-                held = (held[start:] + held[:start])[: self.holders]
-            for url in held:
-                out[url] = None
+            every = table.holder_list(name)
+            n_held = len(every)
+            if n_held <= self.holders:
+                for url in every:
+                    if ok(url):
+                        out[url] = None
+            else:  # a window of at most ``holders`` usable copies, moving with every decision
+                start, taken = self._tick % n_held, 0
+                for i in range(n_held):
+                    url = every[(start + i) % n_held]
+                    if ok(url):
+                        out[url] = None
+                        taken += 1
+                        if taken >= self.holders:
+                            break
         n = 0
         free = False
         limit = 4 * self.choices

@@ -45,13 +45,19 @@ def _point(url: str, i: int) -> int:
 class ReplicaTable:
     """Views by url, holders by adapter, and the ring of healthy replicas (see module doc)."""
 
-    __slots__ = ("_members", "_points", "_ring", "holders", "order", "version", "views", "vnodes")
+    __slots__ = (
+        "_copies", "_inflight", "_lists", "_members", "_points", "_ring", "holders", "order", "version",
+        "views", "vnodes",
+    )  # fmt: skip
 
     def __init__(self, vnodes: int = 32) -> None:
         self.vnodes = vnodes
         self.views: dict[str, ReplicaView] = {}
         self.order: dict[str, int] = {}  # url → position of first insertion (stable tie-break)
         self.holders: dict[str, dict[str, None]] = {}
+        self._lists: dict[str, list[str]] = {}  # holders as a list (indexable), rebuilt on change
+        self._inflight: dict[str, int] = {}  # lora_name → requests in flight, every replica
+        self._copies: dict[str, int] = {}  # lora_name → healthy replicas holding it (not failed)
         self._members: set[str] = set()  # healthy replicas
         self._ring: list[tuple[int, str]] | None = []
         self._points: list[int] = []
@@ -69,6 +75,9 @@ class ReplicaTable:
         self.views[url] = view
         if url not in self.order:
             self.order[url] = len(self.order)
+        if old is not None:
+            self._count(old, -1)
+        self._count(view, 1)
         before = old.residents if old is not None else {}
         after = view.residents
         if before is not after:
@@ -76,6 +85,7 @@ class ReplicaTable:
                 self._unhold(name, url)
             for name in after.keys() - before.keys():
                 self.holders.setdefault(name, {})[url] = None
+                self._lists.pop(name, None)
         was = old is not None and old.healthy
         if view.healthy != was:
             if view.healthy:
@@ -87,6 +97,7 @@ class ReplicaTable:
         old = self.views.pop(url, None)
         if old is None:
             return
+        self._count(old, -1)
         for name in old.residents:
             self._unhold(name, url)
         if old.healthy:
@@ -107,8 +118,35 @@ class ReplicaTable:
         held = self.holders.get(name)
         if held is not None:
             held.pop(url, None)
+            self._lists.pop(name, None)
             if not held:
                 del self.holders[name]
+
+    def _count(self, view: ReplicaView, sign: int) -> None:
+        """Add (``sign`` 1) or take back (-1) ``view``'s share of the per-adapter sums."""
+        inflight, copies = self._inflight, self._copies
+        for name, r in view.residents.items():
+            if r.inflight:
+                inflight[name] = inflight.get(name, 0) + sign * r.inflight
+            if view.healthy and r.state != "failed":
+                copies[name] = copies.get(name, 0) + sign
+
+    # ------------------------------------------------------------------ per adapter
+
+    def holder_list(self, name: str) -> list[str]:
+        """The replicas whose view lists ``name``, in insertion order (cached until it changes)."""
+        lst = self._lists.get(name)
+        if lst is None:
+            lst = self._lists[name] = list(self.holders.get(name, ()))
+        return lst
+
+    def inflight(self, name: str) -> int:
+        """Requests in flight for ``name`` over every replica of the table (O(1))."""
+        return self._inflight.get(name, 0)
+
+    def healthy_copies(self, name: str) -> int:
+        """Healthy replicas holding ``name`` in any state but failed (O(1))."""
+        return self._copies.get(name, 0)
 
     # ------------------------------------------------------------------ the ring
 
