@@ -1,4 +1,5 @@
-"""The placement controller ahead of demand (issue 28.1), and issue 24.11 on real routers: "measured hot" is counted cluster-wide (the demand board), not per
+"""The placement controller ahead of demand (issue 28.1), and issue 24.11 on real routers:
+"measured hot" is counted cluster-wide (the demand board), not per
 gateway process, and a pool's ``max_num_seqs`` (not a constant) is what placement divides by.
 
 Two routers sharing Redis stand for two gateway processes; each routes an adapter at a rate
