@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from router.cluster import Claim, ClusterState, LoadCaps
 from router.contract import NoCapacity
 from router.errors import LoadError
-from router.fairness import FairQueue, VirtualCounters, Waiter, current_tenant
+from router.fairness import BACKGROUND, FairQueue, VirtualCounters, Waiter, current_tenant
 from router.metrics import RouterMetrics
 from router.settings import RouterSettings
 from router.store import ReplicaState
@@ -28,7 +28,7 @@ POLL_S = 0.05  # how often a process waiting for another one's load looks at its
 # How long a process's registration as waiting for a replica's load slot lasts (each try renews
 # it; a waiting process tries every POLL_S): while it lasts, the process that claimed that
 # replica's last slot yields the next one to it (``LoadCaps.turn_ttl_s``).
-TURN_TTL_S = 0.5
+TURN_TTL_S = 0.3
 
 
 class SlotClaims:
@@ -59,7 +59,8 @@ class SlotClaims:
 
     def _caps(self, rep: ReplicaState) -> LoadCaps:
         s = self._settings
-        return LoadCaps(s.max_loads_per_replica, s.max_loads_per_pool, rep.pool.name, TURN_TTL_S)
+        background = current_tenant() == BACKGROUND  # a prewarm or a planned load: no request waits
+        return LoadCaps(s.max_loads_per_replica, s.max_loads_per_pool, rep.pool.name, TURN_TTL_S, background)
 
     async def reserve(self, rep: ReplicaState, name: str, candidates: Sequence[str]) -> Claim | None:
         """The claim that makes this process the loader (None: resident by another's load)."""

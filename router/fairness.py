@@ -17,7 +17,8 @@ Counters and queues are per gateway process: each process orders its own waiters
 gateways' shares of a tenant's traffic are alike behind a load balancer). Between processes,
 a replica's load slots go by turns (``router.cluster.LoadCaps.turn_ttl_s``): the process whose
 load just ended does not claim the slot again for its own queue while another process waits
-there. Sharing counters cluster-wide (Redis) is not done.
+there, and background loads (prewarms, the plan's) take a slot only while no process waits.
+Sharing counters cluster-wide (Redis) is not done.
 """
 
 from __future__ import annotations

@@ -63,6 +63,9 @@ class LoadCaps:
     # (``busy`` = ``turn``). Each process orders its own waiters (``router.fairness``); the turns
     # keep one process's queue from taking every slot its own loads free.
     turn_ttl_s: float = 0.0
+    # Work no request waits for (a prewarm, the placement plan's loads): with turns on, it takes a
+    # replica's slot only while no other process waits there, and never registers as waiting.
+    background: bool = False
 
 
 @dataclass(frozen=True, slots=True)

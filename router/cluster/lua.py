@@ -96,7 +96,8 @@ return n
 
 # KEYS: res, marks, procs, pool_loads, turns   ARGV: lora_name, max_adapters, pid, now (wall s),
 # since, max_loads (replica, 0 = no cap), max_pool_loads (0 = no cap), pool entry ttl (ms), pool
-# member, turn ttl (ms, 0 = no turns), ncand, cand…   → {'present', raw} | {'failed', raw} | {'full'}
+# member, turn ttl (ms, 0 = no turns), background ('1': yields to any waiting process, never
+# registers), ncand, cand…   → {'present', raw} | {'failed', raw} | {'full'}
 # | {'busy', 'replica' | 'pool' | 'turn'} | {'reserved', victim…}
 # Turns: at a replica's cap a process registers as waiting there (pid → expiry); when a slot is
 # free, the process that claimed the last one yields it while another process waits.
@@ -129,11 +130,18 @@ if turns then
       if tonumber(all[i + 1]) >= nowms then others = true else redis.call('HDEL', KEYS[5], f) end
     end
   end
+  local background = ARGV[11] == '1'
   local why = false
-  if loading >= max_loads then why = 'replica' elseif others and last then why = 'turn' end
+  if loading >= max_loads then
+    why = 'replica'
+  elseif others and (last or background) then
+    why = 'turn'
+  end
   if why then
-    redis.call('HSET', KEYS[5], ARGV[3], nowms + turn_ttl)
-    redis.call('PEXPIRE', KEYS[5], 600000)
+    if not background then
+      redis.call('HSET', KEYS[5], ARGV[3], nowms + turn_ttl)
+      redis.call('PEXPIRE', KEYS[5], 600000)
+    end
     return {'busy', why}
   end
 elseif max_loads > 0 and loading >= max_loads then
@@ -148,9 +156,9 @@ local max = tonumber(ARGV[2])
 local chosen = {}
 if count >= max then
   local need = count - max + 1
-  for i = 1, tonumber(ARGV[11]) do
+  for i = 1, tonumber(ARGV[12]) do
     if #chosen >= need then break end
-    local v = ARGV[11 + i]
+    local v = ARGV[12 + i]
     local e = recs[v]
     if e and e.state == 'resident' and live_marks(KEYS[2], KEYS[3], v) == 0 then
       table.insert(chosen, v)
@@ -164,7 +172,7 @@ if count >= max then
 end
 redis.call('HSET', KEYS[1], ARGV[1], rec('staging', ARGV[3], tonumber(ARGV[4])))
 if max_pool > 0 then redis.call('ZADD', KEYS[4], nowms + tonumber(ARGV[8]), ARGV[9]) end
-if turns then
+if turns and ARGV[11] ~= '1' then
   redis.call('HDEL', KEYS[5], ARGV[3])
   redis.call('HSET', KEYS[5], '~last', ARGV[3])
   redis.call('PEXPIRE', KEYS[5], 600000)

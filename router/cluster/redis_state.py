@@ -139,7 +139,7 @@ class RedisCluster:
         member = f"{url}|{lora_name}"
         args: list[Any] = [lora_name, max_adapters, self.pid, self._wall(), since]
         args += [caps.per_replica, caps.per_pool, 2 * self._live.lease_ms, member]
-        args += [round(caps.turn_ttl_s * 1000), len(candidates), *candidates]
+        args += [round(caps.turn_ttl_s * 1000), "1" if caps.background else "0", len(candidates), *candidates]
         keys = [*self._keys.checked(url), self._keys.loads(caps.pool), self._keys.turns(url)]
         try:
             out = await self._claim(keys=keys, args=args)

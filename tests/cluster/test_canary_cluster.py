@@ -170,8 +170,9 @@ def test_a_canary_five_points_worse_is_aborted_and_a_healthy_one_promoted_once(
     finally:
         r.close()
     per_gateway = [traffic.sent.get(("bad", gw), 0) for gw in (0, 1)]
-    assert counted > max(per_gateway), (counted, per_gateway)
-    assert counted >= 0.9 * sum(per_gateway), (counted, per_gateway)
+    # more than either gateway sent (both were counted), and never more than both sent (nothing
+    # counted twice); what was answered after the gateways learned of the abort is not counted
+    assert max(per_gateway) < counted <= sum(per_gateway), (counted, per_gateway)
 
     # good: promoted once, by the one analyser holding the lease
     assert promoted

@@ -227,3 +227,20 @@ async def test_processes_take_turns_at_a_replicas_load_slot(procs: Factory) -> N
     assert (await a.claim(URL, "a4@v1-00000007", 8, (), 0.0, caps)).busy == "replica"
     await b.set_state(URL, "b3@v1-00000006", "resident")
     assert (await b.claim(URL, "b4@v1-00000008", 8, (), 0.0, plain)).outcome == "reserved"
+
+
+async def test_background_loads_yield_to_any_waiting_process_and_never_register(procs: Factory) -> None:
+    """A prewarm or planned load (no request waits for it) takes a replica's slot only while no
+    other process waits there, and its refused tries register nothing: a request never waits
+    behind background work of another process."""
+    a, b = await procs("gw-a"), await procs("gw-b")
+    caps = LoadCaps(per_replica=1, pool="main", turn_ttl_s=0.4)
+    bg = LoadCaps(per_replica=1, pool="main", turn_ttl_s=0.4, background=True)
+    assert (await a.claim(URL, "r1@v1-00000001", 8, (), 0.0, caps)).outcome == "reserved"
+    assert (await b.claim(URL, "r2@v1-00000002", 8, (), 0.0, bg)).busy == "replica"  # registers nothing
+    await a.set_state(URL, "r1@v1-00000001", "resident")
+    assert (await a.claim(URL, "r3@v1-00000003", 8, (), 0.0, caps)).outcome == "reserved"  # nobody waits
+    assert (await b.claim(URL, "r4@v1-00000004", 8, (), 0.0, caps)).busy == "replica"  # a request waits
+    await a.set_state(URL, "r3@v1-00000003", "resident")
+    assert (await a.claim(URL, "r5@v1-00000005", 8, (), 0.0, bg)).busy == "turn"  # b's request first
+    assert (await b.claim(URL, "r4@v1-00000004", 8, (), 0.0, caps)).outcome == "reserved"
