@@ -42,6 +42,15 @@ def _point(url: str, i: int) -> int:
     return stable_hash(f"{url}#{i}")
 
 
+def _add(sums: dict[str, int], name: str, delta: int) -> None:
+    """``sums[name] += delta``, the entry dropped at zero (the sums stay as small as the table)."""
+    n = sums.get(name, 0) + delta
+    if n:
+        sums[name] = n
+    else:
+        sums.pop(name, None)
+
+
 class ReplicaTable:
     """Views by url, holders by adapter, and the ring of healthy replicas (see module doc)."""
 
@@ -124,12 +133,11 @@ class ReplicaTable:
 
     def _count(self, view: ReplicaView, sign: int) -> None:
         """Add (``sign`` 1) or take back (-1) ``view``'s share of the per-adapter sums."""
-        inflight, copies = self._inflight, self._copies
         for name, r in view.residents.items():
             if r.inflight:
-                inflight[name] = inflight.get(name, 0) + sign * r.inflight
+                _add(self._inflight, name, sign * r.inflight)
             if view.healthy and r.state != "failed":
-                copies[name] = copies.get(name, 0) + sign
+                _add(self._copies, name, sign)
 
     # ------------------------------------------------------------------ per adapter
 
@@ -137,7 +145,10 @@ class ReplicaTable:
         """The replicas whose view lists ``name``, in insertion order (cached until it changes)."""
         lst = self._lists.get(name)
         if lst is None:
-            lst = self._lists[name] = list(self.holders.get(name, ()))
+            held = self.holders.get(name)
+            if held is None:
+                return []  # not cached: an adapter nobody holds leaves nothing behind
+            lst = self._lists[name] = list(held)
         return lst
 
     def inflight(self, name: str) -> int:

@@ -36,6 +36,9 @@ def test_sums_follow_every_put_replace_health_flip_and_removal() -> None:
     t.remove("http://a")
     assert (t.inflight("x"), t.healthy_copies("x"), t.holder_list("x")) == (1, 0, ["http://b"])
     assert t.holder_list("y") == [] and t.inflight("y") == 0 and t.healthy_copies("y") == 0
+    t.remove("http://b")
+    assert t._inflight == {} and t._copies == {}  # nothing kept for adapters no replica holds
+    assert t.holder_list("never-held") == [] and t._lists == {}
 
 
 def test_sums_equal_the_views_after_many_random_changes() -> None:
