@@ -212,6 +212,46 @@ def test_promote_says_when_no_tenant_is_granted(plat: Platform) -> None:
     assert r.status_code == 200, r.text
 
 
+def test_ending_a_canary_and_re_enabling_a_version_through_the_cli_against_up(plat: Platform) -> None:
+    """Issue 25.1–2 with the real CLI against a real ``up``: end a canary (active untouched,
+    idempotent), rollback while a canary runs keeps the active version, and a disabled version
+    comes back to ready; the gateway serves the active version throughout."""
+    for i, seed in enumerate((11, 12, 13), start=1):
+        d = write_adapter(plat.root / f"life{i}", seed=seed, rank=8, target_modules=("q_proj", "v_proj"))
+        plat.ok(
+            "adapters", "push", str(d), "--adapter", "lifecli", *(("--base", "demo-base") if i == 1 else ())
+        )
+    plat.ok("adapters", "promote", "lifecli", "v1")
+    plat.ok("tenants", "grant", "demo", "lifecli")
+    plat.ok("adapters", "promote", "lifecli", "v2", "--canary", "10")
+    assert "lifecli: canary v2 ended; no canary (active v1)" in plat.ok(
+        "adapters", "canary", "lifecli", "--clear"
+    )
+    assert "lifecli: no canary (active v1)" in plat.ok("adapters", "canary", "lifecli", "--clear")
+    plat.ok("adapters", "promote", "lifecli", "v3", "--canary", "20")
+    assert "lifecli rolled back; active version: v1" in plat.ok("adapters", "rollback", "lifecli")
+    plat.ok("adapters", "disable-version", "lifecli", "v2")
+    assert "lifecli v2 enabled (ready)" in plat.ok("adapters", "enable-version", "lifecli", "v2")
+    shown = json.loads(plat.ok("adapters", "versions", "lifecli", "v2", "--json"))
+    assert shown["status"] == "ready"
+    deadline = time.monotonic() + 10
+    while True:  # the gateway has the grant and serves v1 (no canary left)
+        r = httpx.post(
+            f"{plat.gateway_url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {plat.key}"},
+            json={
+                "model": "demo-base:lifecli",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2,
+            },
+            timeout=60,
+        )
+        if r.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert r.status_code == 200 and r.headers["x-loraplane-adapter-version"] == "v1", r.text
+
+
 def test_base_models_add_from_config_json(plat: Platform) -> None:
     model = plat.root / "llama-mini"
     model.mkdir()
